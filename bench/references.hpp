@@ -1,0 +1,61 @@
+// The references every pcientb figure is a ratio against, measured in the same run:
+// memcpy between two buffers (bandwidth) and a shared-memory ping-pong between two processes
+// (latency).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace pcientb::bench {
+
+// Page-aligned, pre-faulted anonymous memory; unmapped on destruction.
+class Buffer {
+ public:
+  explicit Buffer(size_t size);
+  ~Buffer();
+  Buffer(const Buffer &) = delete;
+  Buffer &operator=(const Buffer &) = delete;
+
+  uint8_t *data() const { return data_; }
+  size_t size() const { return size_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  uint8_t *data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// memcpy of `size` bytes between two buffers of that size, `count` times; returns seconds.
+double time_memcpy(const Buffer &dst, const Buffer &src, size_t size, uint64_t count);
+
+// A child process that answers pings written to one cache line of a MAP_SHARED anonymous page
+// with pongs on another. It spins while it lives, so keep it only while measuring.
+class ShmPingPong {
+ public:
+  // Forks the answering child. nullptr and *err on failure.
+  static std::unique_ptr<ShmPingPong> start(std::string *err);
+  ~ShmPingPong();
+  ShmPingPong(const ShmPingPong &) = delete;
+  ShmPingPong &operator=(const ShmPingPong &) = delete;
+
+  // One ping and its pong; returns seconds, negative if the child stopped answering.
+  double round_trip();
+
+  struct Flags;  // the shared page, defined in references.cpp
+
+ private:
+  ShmPingPong(Flags *flags, pid_t pid) : flags_(flags), pid_(pid) {}
+
+  Flags *flags_;
+  pid_t pid_;
+  uint64_t seq_ = 0;
+};
+
+// Seconds since an arbitrary epoch, from the steady clock.
+double now_s();
+
+}  // namespace pcientb::bench
