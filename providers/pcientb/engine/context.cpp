@@ -1,0 +1,382 @@
+// The node (this process on a fabric), device and port queries, completion
+// channels, async events and the progress thread.
+#include <endian.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <string>
+
+#include "engine/engine.hpp"
+
+namespace pcientb::engine {
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+// ---- node -----------------------------------------------------------------
+
+std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<Node>> nodes;
+  std::lock_guard<std::mutex> g(mu);
+  // A forked child is a new node: what it inherited belongs to its parent.
+  if (auto n = nodes[fabric_name].lock(); n && n->pid_ == getpid()) return n;
+  std::shared_ptr<Node> n(new Node());
+  n->pid_ = getpid();
+  n->fab_ = fabric::open_emu_fabric(fabric_name, err);
+  if (!n->fab_) return nullptr;
+  n->root_ = static_cast<AreaRoot *>(n->fab_->area());
+  n->root_->magic = kAreaMagic;
+  n->bump_ = (sizeof(AreaRoot) + 4095) & ~Off{4095};
+  n->self_ = n->fab_->peer(n->fab_->lid());
+  n->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (!n->self_ || n->wake_fd_ < 0) {
+    *err = n->self_ ? errno : EIO;
+    return nullptr;
+  }
+  n->progress_ = std::thread([p = n.get()] { p->progress_loop(); });
+  nodes[fabric_name] = n;
+  return n;
+}
+
+Node::~Node() {
+  {
+    std::lock_guard<std::mutex> g(prog_mu_);
+    stop_ = true;
+  }
+  wake();
+  if (progress_.joinable()) progress_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+Off Node::alloc(size_t bytes) {
+  bytes = (bytes + 63) & ~size_t{63};
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = free_list_.begin(); it != free_list_.end(); ++it) {
+    if (it->first == bytes) {
+      Off off = it->second;
+      free_list_.erase(it);
+      memset(ptr(off), 0, bytes);
+      return off;
+    }
+  }
+  if (bump_ + bytes + 64 > fab_->area_size()) return 0;
+  Off off = bump_ + 64;  // a size word before each block
+  *static_cast<uint64_t *>(ptr(bump_)) = bytes;
+  bump_ += bytes + 64;
+  return off;
+}
+
+void Node::free(Off off) {
+  if (!off) return;
+  std::lock_guard<std::mutex> g(mu_);
+  free_list_.emplace_back(*static_cast<uint64_t *>(ptr(off - 64)), off);
+}
+
+int Node::alloc_mr(uint32_t *idx, uint32_t *key) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (uint32_t n = 0; n < kMaxMrs - 1; ++n) {
+    uint32_t i = 1 + (next_mr_ - 1 + n) % (kMaxMrs - 1);
+    if (root_->mrs[i].key.load(std::memory_order_relaxed) == 0 && !(mr_gen_[i] & 0x80)) {
+      mr_gen_[i] = static_cast<uint8_t>(((mr_gen_[i] + 1) & 0x7f) | 0x80);  // 0x80: in use
+      next_mr_ = i + 1;
+      *idx = i;
+      *key = (i << 8) | (mr_gen_[i] & 0x7f);
+      return 0;
+    }
+  }
+  return ENOMEM;
+}
+
+void Node::free_mr(uint32_t idx) {
+  std::lock_guard<std::mutex> g(mu_);
+  root_->mrs[idx].key.store(0, std::memory_order_release);
+  mr_gen_[idx] &= 0x7f;
+}
+
+int Node::alloc_qp(Qp *qp, uint32_t *idx, uint32_t *qpn) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (uint32_t n = 0; n < kMaxQps - 1; ++n) {
+    uint32_t i = 1 + (next_qp_ - 1 + n) % (kMaxQps - 1);
+    if (qps_[i]) continue;
+    qp_gen_[i] = static_cast<uint16_t>(qp_gen_[i] % 4095 + 1);
+    next_qp_ = i + 1;
+    qps_[i] = qp;
+    *idx = i;
+    *qpn = (uint32_t{qp_gen_[i]} << 12) | i;
+    return 0;
+  }
+  return ENOMEM;
+}
+
+Qp *Node::qp_by_idx(uint32_t idx) {
+  std::lock_guard<std::mutex> g(mu_);
+  return idx < kMaxQps ? qps_[idx] : nullptr;
+}
+
+// ---- progress thread --------------------------------------------------------
+
+void Node::wake() {
+  uint64_t one = 1;
+  if (::write(wake_fd_, &one, sizeof one) < 0) {
+    // The counter is saturated only if the thread is already awake.
+  }
+}
+
+void Node::schedule(Qp *qp) {
+  {
+    std::lock_guard<std::mutex> g(prog_mu_);
+    pending_.insert(qp);
+  }
+  wake();
+}
+
+void Node::retire_qp(Qp *qp) {
+  // Under prog_mu_, as on_peer_death runs: it never sees a QP being freed.
+  std::lock_guard<std::mutex> g(prog_mu_);
+  pending_.erase(qp);
+  std::lock_guard<std::mutex> t(mu_);
+  root_->qps[qp->idx].qpn.store(0, std::memory_order_release);
+  qps_[qp->idx] = nullptr;
+}
+
+void Node::watch(fabric::Peer *peer) {
+  if (!peer || peer == self_) return;
+  {
+    std::lock_guard<std::mutex> g(prog_mu_);
+    if (!watched_.insert(peer).second) return;
+  }
+  wake();
+}
+
+void Node::on_peer_death(fabric::Peer *peer) {
+  peer->mark_dead();
+  std::vector<Qp *> hit;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (Qp *qp : qps_)
+      if (qp && qp->peer == peer) hit.push_back(qp);
+  }
+  // The connection is gone: what the QP holds completes in error, and its
+  // owner hears of it, rather than waiting forever on a receive.
+  for (Qp *qp : hit) {
+    ibv_qp_state s = qp->state();
+    if (s == IBV_QPS_ERR || s == IBV_QPS_RESET) continue;
+    qp_enter_error(qp);
+    qp->ctx->raise_async(reinterpret_cast<uint64_t>(qp->ibv), IBV_EVENT_QP_FATAL);
+  }
+}
+
+void Node::progress_loop() {
+  std::vector<pollfd> fds;
+  std::vector<fabric::Peer *> peers;
+  for (;;) {
+    uint64_t next = 0;
+    fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
+    peers.clear();
+    {
+      std::lock_guard<std::mutex> g(prog_mu_);
+      if (stop_) return;
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        uint64_t t = progress_qp(*it);
+        if (t == 0) {
+          it = pending_.erase(it);
+        } else {
+          next = next ? std::min(next, t) : t;
+          ++it;
+        }
+      }
+      for (fabric::Peer *p : watched_) {
+        int fd = p->dead() ? -1 : fab_->death_fd(*p);
+        if (fd < 0) continue;
+        fds.push_back(pollfd{fd, POLLIN, 0});
+        peers.push_back(p);
+      }
+    }
+    timespec ts{}, *tsp = nullptr;
+    if (next) {
+      uint64_t now = now_ns();
+      uint64_t d = next > now ? next - now : 0;
+      ts.tv_sec = static_cast<time_t>(d / 1000000000u);
+      ts.tv_nsec = static_cast<long>(d % 1000000000u);
+      tsp = &ts;
+    }
+    int n = ppoll(fds.data(), fds.size(), tsp, nullptr);
+    if (n <= 0) continue;
+    if (fds[0].revents) {
+      uint64_t v;
+      while (::read(wake_fd_, &v, sizeof v) > 0) {
+      }
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      std::lock_guard<std::mutex> g(prog_mu_);
+      on_peer_death(peers[i - 1]);
+      watched_.erase(peers[i - 1]);
+    }
+  }
+}
+
+// ---- context --------------------------------------------------------------
+
+Context *Context::open(int *err) {
+  const char *name = getenv("PCIENTB_FABRIC");
+  if (!name || !*name) name = "default";
+  auto node = Node::acquire(name, err);
+  if (!node) return nullptr;
+  auto *ctx = new Context();
+  ctx->node = std::move(node);
+  int p[2];
+  if (pipe2(p, O_CLOEXEC)) {
+    *err = errno;
+    delete ctx;
+    return nullptr;
+  }
+  fcntl(p[1], F_SETFL, O_NONBLOCK);
+  ctx->async_rfd = p[0];
+  ctx->async_wfd = p[1];
+  struct stat st{};
+  fstat(p[1], &st);
+  ctx->async_ino = st.st_ino;
+  // The port comes up as the node joins the fabric.
+  ctx->raise_async(1, IBV_EVENT_PORT_ACTIVE);
+  return ctx;
+}
+
+Context::~Context() {
+  // async_rfd belongs to libibverbs (context->async_fd), which closes it.
+  if (async_wfd >= 0) close(async_wfd);
+}
+
+void Context::raise_async(uint64_t element, ibv_event_type type) {
+  AsyncRecord rec{element, static_cast<uint32_t>(type), 0};
+  if (::write(async_wfd, &rec, sizeof rec) != sizeof rec) {
+    // Full pipe: the application is not reading events; dropping is what a
+    // device does with an overflowing event queue.
+  }
+}
+
+int Context::query_device(ibv_device_attr_ex *out, size_t attr_size) {
+  ibv_device_attr_ex a{};
+  ibv_device_attr &d = a.orig_attr;
+  snprintf(d.fw_ver, sizeof d.fw_ver, "1.0.0");
+  d.node_guid = htobe64(node->fab().node_guid());
+  d.sys_image_guid = d.node_guid;
+  d.max_mr_size = uint64_t{1} << 40;
+  d.page_size_cap = 0xfffff000;
+  d.vendor_id = 0x10B5;
+  d.vendor_part_id = 0x8749;
+  d.hw_ver = 0xAB;
+  d.max_qp = kMaxQps - 1;
+  d.max_qp_wr = kMaxQpWr;
+  d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT |
+                       IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_SRQ_RESIZE;
+  d.max_sge = kMaxSge;
+  d.max_sge_rd = kMaxSge;
+  d.max_cq = 65536;
+  d.max_cqe = kMaxCqe - 1;
+  d.max_mr = kMaxMrs - 1;
+  d.max_pd = 1 << 20;
+  d.max_qp_rd_atom = kMaxRdAtom;
+  d.max_res_rd_atom = kMaxRdAtom * (kMaxQps - 1);
+  d.max_qp_init_rd_atom = kMaxRdAtom;
+  d.atomic_cap = IBV_ATOMIC_HCA;
+  d.max_ah = 65536;
+  d.max_srq = 4096;
+  d.max_srq_wr = kMaxSrqWr - 1;
+  d.max_srq_sge = kMaxSge;
+  d.max_pkeys = 1;
+  d.local_ca_ack_delay = 1;
+  d.phys_port_cnt = 1;
+  a.device_cap_flags_ex = d.device_cap_flags;
+  memcpy(out, &a, std::min(attr_size, sizeof a));
+  return 0;
+}
+
+int Context::query_port(uint8_t port, ibv_port_attr *a) {
+  if (port != 1) return EINVAL;
+  memset(a, 0, sizeof *a);
+  a->state = IBV_PORT_ACTIVE;
+  a->max_mtu = IBV_MTU_4096;
+  a->active_mtu = IBV_MTU_4096;
+  a->gid_tbl_len = 1;
+  a->max_msg_sz = 1u << 31;
+  a->pkey_tbl_len = 1;
+  a->lid = node->fab().lid();
+  a->sm_lid = 1;
+  a->max_vl_num = 1;
+  a->subnet_timeout = 18;
+  a->active_width = 2;   // 4X
+  a->active_speed = 32;  // EDR
+  a->phys_state = 5;     // LinkUp
+  a->link_layer = IBV_LINK_LAYER_INFINIBAND;
+  return 0;
+}
+
+int Context::query_gid(uint32_t port, uint32_t index, ibv_gid_entry *e) {
+  if (port != 1 || index != 0) return EINVAL;
+  memset(e, 0, sizeof *e);
+  e->gid.global.subnet_prefix = htobe64(0xfe80000000000000ULL);
+  e->gid.global.interface_id = htobe64(node->fab().node_guid());
+  e->gid_index = 0;
+  e->port_num = 1;
+  e->gid_type = IBV_GID_TYPE_IB;
+  return 0;
+}
+
+int Context::query_pkey(uint8_t port, int index, __be16 *pkey) {
+  if (port != 1 || index != 0) return EINVAL;
+  *pkey = htobe16(0xffff);
+  return 0;
+}
+
+Channel *Context::create_channel(int *err) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC)) {
+    *err = errno;
+    return nullptr;
+  }
+  fcntl(p[1], F_SETFL, O_NONBLOCK);
+  auto *ch = static_cast<Channel *>(calloc(1, sizeof(Channel)));
+  if (!ch) {
+    close(p[0]);
+    close(p[1]);
+    *err = ENOMEM;
+    return nullptr;
+  }
+  struct stat st{};
+  fstat(p[1], &st);
+  ch->ibv.context = ibv;
+  ch->ibv.fd = p[0];
+  ch->wfd = p[1];
+  ch->ino = st.st_ino;
+  return ch;
+}
+
+int Context::destroy_channel(Channel *ch) {
+  if (ch->ibv.refcnt) return EBUSY;
+  close(ch->ibv.fd);
+  close(ch->wfd);
+  ::free(ch);
+  return 0;
+}
+
+void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
+                   size_t len) {
+  if (db.fd < 0) return;
+  fab.ring(owner, db.fd, db.ino, rec, len);
+}
+
+}  // namespace pcientb::engine

@@ -1,0 +1,213 @@
+// Completion queues: the ring in this node's area that local and remote
+// producers fill, polling (classic and extended), arming and events.
+#include <cerrno>
+#include <cstring>
+
+#include "engine/engine.hpp"
+
+namespace pcientb::engine {
+namespace {
+
+// Small CQs get room to grow in place: an untouched ring costs no memory.
+constexpr uint32_t kMinCqCapacity = 4096;
+
+constexpr uint64_t kSupportedWcFlags =
+    IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+    IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+    IBV_WC_EX_WITH_DLID_PATH_BITS;
+
+uint32_t pow2_at_least(uint32_t n) {
+  uint32_t c = 1;
+  while (c < n) c <<= 1;
+  return c;
+}
+
+Off alloc_ring(Node &node, uint32_t capacity) {
+  return node.alloc(offsetof(CqShared, ring) + ring_bytes(capacity, kCqSlotSize));
+}
+
+bool take(Cq *cq, ibv_wc *wc) {
+  uint64_t pos;
+  RingSlot *s = ring_take(&cq->sh->ring, &pos);
+  if (!s) return false;
+  *wc = reinterpret_cast<CqSlot *>(s)->wc;
+  ring_release(&cq->sh->ring, s, pos);
+  return true;
+}
+
+// ---- the extended poll API (ibv_cq_ex) --------------------------------------
+Cq *cq_of(ibv_cq_ex *c) { return from_ibv<Cq>(c); }
+
+int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) {
+  Cq *cq = cq_of(c);
+  if (attr && attr->comp_mask) return EINVAL;
+  cq->poll_mu.lock();
+  if (!take(cq, &cq->cur)) {
+    cq->poll_mu.unlock();
+    return ENOENT;
+  }
+  c->wr_id = cq->cur.wr_id;
+  c->status = cq->cur.status;
+  return 0;
+}
+int next_poll(ibv_cq_ex *c) {
+  Cq *cq = cq_of(c);
+  if (!take(cq, &cq->cur)) return ENOENT;
+  c->wr_id = cq->cur.wr_id;
+  c->status = cq->cur.status;
+  return 0;
+}
+void end_poll(ibv_cq_ex *c) { cq_of(c)->poll_mu.unlock(); }
+ibv_wc_opcode read_opcode(ibv_cq_ex *c) { return cq_of(c)->cur.opcode; }
+uint32_t read_vendor_err(ibv_cq_ex *c) { return cq_of(c)->cur.vendor_err; }
+uint32_t read_byte_len(ibv_cq_ex *c) { return cq_of(c)->cur.byte_len; }
+__be32 read_imm_data(ibv_cq_ex *c) { return cq_of(c)->cur.imm_data; }
+uint32_t read_qp_num(ibv_cq_ex *c) { return cq_of(c)->cur.qp_num; }
+uint32_t read_src_qp(ibv_cq_ex *c) { return cq_of(c)->cur.src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex *c) { return cq_of(c)->cur.wc_flags; }
+uint32_t read_slid(ibv_cq_ex *c) { return cq_of(c)->cur.slid; }
+uint8_t read_sl(ibv_cq_ex *c) { return cq_of(c)->cur.sl; }
+uint8_t read_dlid_path_bits(ibv_cq_ex *c) { return cq_of(c)->cur.dlid_path_bits; }
+
+}  // namespace
+
+void init_cq_ex(Cq *cq) {
+  ibv_cq_ex &c = cq->ibv;
+  c.start_poll = start_poll;
+  c.next_poll = next_poll;
+  c.end_poll = end_poll;
+  c.read_opcode = read_opcode;
+  c.read_vendor_err = read_vendor_err;
+  c.read_byte_len = read_byte_len;
+  c.read_imm_data = read_imm_data;
+  c.read_qp_num = read_qp_num;
+  c.read_src_qp = read_src_qp;
+  c.read_wc_flags = read_wc_flags;
+  c.read_slid = read_slid;
+  c.read_sl = read_sl;
+  c.read_dlid_path_bits = read_dlid_path_bits;
+}
+
+Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex *ex, int *err) {
+  if (cqe < 1 || static_cast<uint32_t>(cqe) >= kMaxCqe) {
+    *err = EINVAL;
+    return nullptr;
+  }
+  if (ex) {
+    if (ex->wc_flags & ~kSupportedWcFlags) {
+      *err = EOPNOTSUPP;
+      return nullptr;
+    }
+    if (ex->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS}) {
+      *err = EOPNOTSUPP;
+      return nullptr;
+    }
+  }
+  Node &node = *ctx->node;
+  uint32_t capacity = pow2_at_least(std::max<uint32_t>(cqe + 1, kMinCqCapacity));
+  Off off = alloc_ring(node, capacity);
+  if (!off) {
+    *err = ENOMEM;
+    return nullptr;
+  }
+  auto *cq = new Cq{};
+  cq->ctx = ctx;
+  cq->off = off;
+  cq->sh = static_cast<CqShared *>(node.ptr(off));
+  cq->capacity = capacity;
+  cq->channel = channel;
+  cq->wc_flags = ex ? ex->wc_flags : 0;
+  ring_init(&cq->sh->ring, capacity, kCqSlotSize);
+  cq->sh->channel = channel ? Doorbell{channel->wfd, 0, channel->ino} : Doorbell{-1, 0, 0};
+  cq->sh->async = ctx->async_doorbell();
+  cq->sh->handle = reinterpret_cast<uint64_t>(&cq->ibv);
+  cq->ibv.cqe = cqe;
+  init_cq_ex(cq);
+  ctx->users++;
+  return cq;
+}
+
+int destroy_cq(Cq *cq) {
+  if (cq->users.load()) return EBUSY;
+  cq->ctx->node->free(cq->off);
+  cq->ctx->users--;
+  delete cq;
+  return 0;
+}
+
+int poll_cq(Cq *cq, int n, ibv_wc *wc) {
+  if (n < 0) return -EINVAL;
+  std::lock_guard<std::mutex> g(cq->poll_mu);
+  int i = 0;
+  while (i < n && take(cq, &wc[i])) ++i;
+  return i;
+}
+
+int req_notify_cq(Cq *cq, bool solicited_only) {
+  cq->sh->armed.store(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
+  return 0;
+}
+
+int resize_cq(Cq *cq, int cqe) {
+  if (cqe < 1 || static_cast<uint32_t>(cqe) >= kMaxCqe) return EINVAL;
+  std::lock_guard<std::mutex> g(cq->poll_mu);
+  if (ring_count(&cq->sh->ring) > static_cast<uint64_t>(cqe)) return EINVAL;
+  if (static_cast<uint32_t>(cqe) < cq->capacity) {
+    cq->ibv.cqe = cqe;
+    return 0;
+  }
+  // A larger ring moves the CQ; peers find it through the QPs that use it,
+  // so that is only possible while none does.
+  if (cq->users.load()) return ENOMEM;
+  Node &node = *cq->ctx->node;
+  uint32_t capacity = pow2_at_least(cqe + 1);
+  Off off = alloc_ring(node, capacity);
+  if (!off) return ENOMEM;
+  auto *sh = static_cast<CqShared *>(node.ptr(off));
+  sh->channel = cq->sh->channel;
+  sh->async = cq->sh->async;
+  sh->handle = cq->sh->handle;
+  sh->armed.store(cq->sh->armed.load());
+  ring_init(&sh->ring, capacity, kCqSlotSize);
+  ibv_wc wc;
+  while (take(cq, &wc)) {
+    uint64_t pos;
+    RingSlot *s = ring_reserve(&sh->ring, &pos);
+    reinterpret_cast<CqSlot *>(s)->wc = wc;
+    ring_publish(&sh->ring, s, pos);
+  }
+  node.free(cq->off);
+  cq->off = off;
+  cq->sh = sh;
+  cq->capacity = capacity;
+  cq->ibv.cqe = cqe;
+  return 0;
+}
+
+bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
+             bool solicited) {
+  uint64_t pos;
+  RingSlot *s = ring_reserve(&cq->ring, &pos);
+  if (!s) {
+    if (!cq->overflow.exchange(1)) {
+      AsyncRecord rec{cq->handle, IBV_EVENT_CQ_ERR, 0};
+      ring_doorbell(fab, owner, cq->async, &rec, sizeof rec);
+    }
+    return false;
+  }
+  reinterpret_cast<CqSlot *>(s)->wc = wc;
+  ring_publish(&cq->ring, s, pos);
+  // Pairs with the seq_cst store in req_notify_cq: either the owner sees the
+  // entry when it polls after arming, or we see the arm.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint32_t a = cq->armed.load(std::memory_order_relaxed);
+  if (a == kArmNext || (a == kArmSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
+    if (cq->armed.compare_exchange_strong(a, kDisarmed)) {
+      uint64_t handle = cq->handle;
+      ring_doorbell(fab, owner, cq->channel, &handle, sizeof handle);
+    }
+  }
+  return true;
+}
+
+}  // namespace pcientb::engine

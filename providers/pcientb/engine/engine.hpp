@@ -1,0 +1,266 @@
+// The engine: what an HCA's firmware does. PD/MR/CQ/SRQ/QP/AH objects, the
+// QP state machine, RC and UD semantics, WQE execution, completions and the
+// error model, over any fabric backend. It speaks the public verbs types
+// (<infiniband/verbs.h>) and knows nothing of libibverbs' private ABI.
+//
+// Each object starts with its public verbs struct, so the verbs glue hands
+// that struct to libibverbs and gets the object back with from_ibv().
+//
+// Files: context.cpp (node, device queries, async events, progress thread),
+// mem.cpp (PD, MR, AH), cq.cpp, srq.cpp, qp.cpp (create/modify/query/destroy),
+// requester.cpp (post_send), responder.cpp (what the target side does:
+// receive queues, remote-access checks, delivery).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "engine/layout.hpp"
+#include "fabric/fabric.hpp"
+
+namespace pcientb::engine {
+
+struct Context;
+struct Qp;
+
+// This process on one fabric: shared by every context opened on it.
+class Node {
+ public:
+  static std::shared_ptr<Node> acquire(const char *fabric_name, int *err);
+  ~Node();
+
+  fabric::Fabric &fab() { return *fab_; }
+  AreaRoot *root() { return root_; }
+  fabric::Peer &self() { return *self_; }
+
+  // Peer-visible memory in this node's area.
+  Off alloc(size_t bytes);
+  void free(Off off);
+  void *ptr(Off off) { return at<void>(fab_->area(), off); }
+
+  uint32_t new_pd_id() { return next_pd_.fetch_add(1) + 1; }
+  // MR and QP table slots; keys and QPNs are not reused at once.
+  int alloc_mr(uint32_t *idx, uint32_t *key);
+  void free_mr(uint32_t idx);
+  int alloc_qp(Qp *qp, uint32_t *idx, uint32_t *qpn);
+  Qp *qp_by_idx(uint32_t idx);
+
+  // The progress engine: deferred send work (RNR and transport retries) and
+  // peer liveness. Qp::sq_mu_ must not be held when calling these.
+  void schedule(Qp *qp);
+  // Takes a QP out of the tables and of the progress engine, for good.
+  void retire_qp(Qp *qp);
+  void watch(fabric::Peer *peer);
+
+ private:
+  Node() = default;
+  void progress_loop();
+  void wake();
+  void on_peer_death(fabric::Peer *peer);
+
+  std::unique_ptr<fabric::Fabric> fab_;
+  pid_t pid_ = 0;
+  AreaRoot *root_ = nullptr;
+  fabric::Peer *self_ = nullptr;
+  std::atomic<uint32_t> next_pd_{0};
+
+  std::mutex mu_;  // tables and allocator
+  Off bump_ = 0;
+  std::vector<std::pair<size_t, Off>> free_list_;
+  uint32_t next_mr_ = 1, next_qp_ = 1;
+  uint8_t mr_gen_[kMaxMrs] = {};
+  uint16_t qp_gen_[kMaxQps] = {};
+  Qp *qps_[kMaxQps] = {};
+
+  std::mutex prog_mu_;
+  std::set<Qp *> pending_;
+  std::set<fabric::Peer *> watched_;
+  int wake_fd_ = -1;
+  bool stop_ = false;
+  std::thread progress_;
+};
+
+struct Channel {
+  ibv_comp_channel ibv;  // calloc'd: libibverbs may free() it
+  int wfd;
+  uint64_t ino;
+};
+
+struct Context {
+  static Context *open(int *err);
+  ~Context();
+
+  int query_device(ibv_device_attr_ex *attr, size_t attr_size);
+  int query_port(uint8_t port, ibv_port_attr *attr);
+  int query_gid(uint32_t port, uint32_t index, ibv_gid_entry *entry);
+  int query_pkey(uint8_t port, int index, __be16 *pkey);
+  Channel *create_channel(int *err);
+  static int destroy_channel(Channel *ch);
+  // Queues a record for ibv_get_async_event() of this context.
+  void raise_async(uint64_t element, ibv_event_type type);
+  Doorbell async_doorbell() const { return {async_wfd, 0, async_ino}; }
+
+  std::shared_ptr<Node> node;
+  ibv_context *ibv = nullptr;  // set by the glue
+  int async_rfd = -1;
+  int async_wfd = -1;
+  uint64_t async_ino = 0;
+  std::atomic<int> users{0};
+};
+
+struct Pd {
+  ibv_pd ibv;
+  Context *ctx;
+  uint32_t id;
+  std::atomic<int> users{0};
+};
+
+struct Mr {
+  Pd *pd;
+  uint32_t idx;
+  uint32_t lkey, rkey;
+  void *addr;
+  size_t length;
+  uint64_t iova;
+  int access;
+  fabric::WindowId window;
+};
+
+struct Ah {
+  ibv_ah ibv;
+  Pd *pd;
+  ibv_ah_attr attr;
+};
+
+struct Cq {
+  ibv_cq_ex ibv;  // begins with the layout of struct ibv_cq
+  Context *ctx;
+  Off off;
+  CqShared *sh;
+  uint32_t capacity;
+  Channel *channel;
+  std::mutex poll_mu;
+  std::atomic<int> users{0};
+  ibv_wc cur;  // the entry the extended poll API is on
+  uint64_t wc_flags;
+};
+
+struct Srq {
+  ibv_srq ibv;
+  Context *ctx;
+  Pd *pd;
+  Off off;
+  RqShared *sh;
+  uint32_t max_wr, max_sge;
+  std::mutex mu;
+  std::atomic<int> users{0};
+};
+
+// A send WR as the requester keeps it while it cannot complete yet.
+struct SendWqe {
+  uint64_t wr_id;
+  ibv_wr_opcode opcode;
+  unsigned int flags;
+  __be32 imm;
+  uint32_t num_sge;
+  ibv_sge sge[kMaxSge];
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint64_t compare_add, swap;
+  Ah *ah;
+  uint32_t remote_qpn, remote_qkey;
+  std::vector<uint8_t> inline_copy;  // inline data, once the caller's buffer may be gone
+  int rnr_left, retry_left;
+  uint64_t not_before_ns;
+};
+
+// The verbs glue wraps a QP (struct verbs_qp is private ABI) and points
+// `ibv` at the struct ibv_qp it hands out.
+struct Qp {
+  ibv_qp *ibv = nullptr;
+  Context *ctx;
+  Pd *pd;
+  Cq *scq, *rcq;
+  Srq *srq;
+  uint32_t idx;
+  QpShared *sh;
+  Off rq_off;
+  RqShared *rq;
+  ibv_qp_cap cap;
+  bool sig_all;
+  ibv_qp_attr attr{};  // what modify set, for query
+  int attr_mask_seen = 0;
+  fabric::Peer *peer = nullptr;  // RC destination, from RTR
+  uint64_t peer_nonce = 0;
+
+  std::mutex sq_mu;  // posting and executing sends
+  std::mutex rq_mu;  // posting receives
+  std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
+  bool drain_notify = false;
+
+  ibv_qp_state state() const { return static_cast<ibv_qp_state>(sh->state.load()); }
+};
+
+// --- verbs, as the glue calls them; errno values returned, 0 on success ---
+Pd *alloc_pd(Context *ctx, int *err);
+int dealloc_pd(Pd *pd);
+Mr *reg_mr(Pd *pd, void *addr, size_t length, uint64_t iova, int access, int *err);
+int rereg_mr(Mr *mr, int flags, Pd *pd, void *addr, size_t length, int access);
+int dereg_mr(Mr *mr);
+Ah *create_ah(Pd *pd, const ibv_ah_attr *attr, int *err);
+int destroy_ah(Ah *ah);
+
+Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex *ex, int *err);
+int destroy_cq(Cq *cq);
+int poll_cq(Cq *cq, int n, ibv_wc *wc);
+int req_notify_cq(Cq *cq, bool solicited_only);
+int resize_cq(Cq *cq, int cqe);
+
+Srq *create_srq(Pd *pd, ibv_srq_init_attr *attr, int *err);
+int modify_srq(Srq *srq, const ibv_srq_attr *attr, int mask);
+int query_srq(Srq *srq, ibv_srq_attr *attr);
+int destroy_srq(Srq *srq);
+int post_srq_recv(Srq *srq, const ibv_recv_wr *wr, ibv_recv_wr **bad);
+
+Qp *create_qp(Context *ctx, ibv_qp_init_attr_ex *attr, int *err);
+int post_wqes(Qp *qp, SendWqe *wqes, size_t n);  // already checked WRs (ibv_wr_* API)
+int check_send_wr(Qp *qp, const ibv_send_wr *wr);
+void set_qp_handle(Qp *qp, ibv_qp *ibv);  // the glue's struct ibv_qp
+int modify_qp(Qp *qp, const ibv_qp_attr *attr, int mask);
+int query_qp(Qp *qp, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init);
+int destroy_qp(Qp *qp);
+int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad);
+int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad);
+
+// --- inside the engine ---
+// Executes deferred WRs of a QP whose turn has come; returns the time (ns,
+// CLOCK_MONOTONIC) of its next attempt, or 0 when nothing waits.
+uint64_t progress_qp(Qp *qp);
+// Moves a QP to ERR from this process: flushes what it holds.
+void qp_enter_error(Qp *qp);
+// Adds a completion to a CQ of `owner` (this node or a peer), raising the
+// completion event it is armed for. Returns false on overflow.
+bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
+             bool solicited);
+void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
+                   size_t len);
+void init_cq_ex(Cq *cq);
+uint64_t now_ns();
+
+template <typename T, typename I>
+T *from_ibv(I *p) {
+  return reinterpret_cast<T *>(p);
+}
+
+}  // namespace pcientb::engine

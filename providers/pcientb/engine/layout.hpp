@@ -1,0 +1,229 @@
+// Peer-visible layouts: what lives in a node's area and is read or written by
+// other nodes. One definition, used by the owner and by its peers.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "fabric/fabric.hpp"
+
+namespace pcientb::engine {
+
+using Off = uint64_t;  // offset in a node's area; 0 means none
+
+constexpr uint32_t kMaxMrs = 16384;  // MR index is 14 bits of a key
+constexpr uint32_t kMaxQps = 4096;   // QP index is the low 12 bits of a QPN
+constexpr uint32_t kMaxSge = 16;
+constexpr uint32_t kMaxInline = 512;
+constexpr uint32_t kMaxQpWr = 16384;
+constexpr uint32_t kMaxCqe = 1u << 20;
+constexpr uint32_t kMaxSrqWr = 32768;
+constexpr uint32_t kMtu = 4096;
+constexpr uint32_t kGrhBytes = 40;
+constexpr uint32_t kMaxRdAtom = 16;
+
+// A bounded multi-producer multi-consumer ring (sequence number per slot): no
+// locks, so a peer that dies cannot leave one held. A slot starts with its
+// sequence number, stored less the slot's index so that zeroed memory is an
+// empty ring; the payload follows.
+struct alignas(64) RingHeader {
+  alignas(64) std::atomic<uint64_t> tail;  // producers
+  alignas(64) std::atomic<uint64_t> head;  // consumers
+  alignas(64) uint32_t mask;
+  uint32_t slot_size;
+};
+static_assert(sizeof(RingHeader) == 192);
+
+struct RingSlot {
+  std::atomic<uint64_t> seq;
+};
+
+// The slot for `pos`, in the slots that follow the header.
+inline RingSlot *ring_slot(RingHeader *r, uint64_t pos) {
+  return reinterpret_cast<RingSlot *>(reinterpret_cast<uint8_t *>(r + 1) +
+                                      (pos & r->mask) * r->slot_size);
+}
+inline uint64_t ring_seq(RingHeader *r, RingSlot *s, uint64_t pos) {
+  return s->seq.load(std::memory_order_acquire) + (pos & r->mask);
+}
+inline void ring_set_seq(RingHeader *r, RingSlot *s, uint64_t pos, uint64_t seq) {
+  s->seq.store(seq - (pos & r->mask), std::memory_order_release);
+}
+
+// On zeroed memory of ring_bytes(capacity, slot_size); capacity a power of 2.
+inline void ring_init(RingHeader *r, uint32_t capacity, uint32_t slot_size) {
+  r->mask = capacity - 1;
+  r->slot_size = slot_size;
+  r->head.store(0, std::memory_order_relaxed);
+  r->tail.store(0, std::memory_order_release);
+}
+
+inline size_t ring_bytes(uint32_t capacity, uint32_t slot_size) {
+  return sizeof(RingHeader) + size_t{capacity} * slot_size;
+}
+
+// Reserves a slot to fill; nullptr when full. Publish with ring_publish.
+inline RingSlot *ring_reserve(RingHeader *r, uint64_t *pos_out) {
+  uint64_t pos = r->tail.load(std::memory_order_relaxed);
+  for (;;) {
+    RingSlot *s = ring_slot(r, pos);
+    auto dif = static_cast<int64_t>(ring_seq(r, s, pos) - pos);
+    if (dif == 0) {
+      if (r->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+        *pos_out = pos;
+        return s;
+      }
+    } else if (dif < 0) {
+      return nullptr;
+    } else {
+      pos = r->tail.load(std::memory_order_relaxed);
+    }
+  }
+}
+inline void ring_publish(RingHeader *r, RingSlot *s, uint64_t pos) {
+  ring_set_seq(r, s, pos, pos + 1);
+}
+
+// Takes the oldest published slot to read; nullptr when empty. Give it back
+// with ring_release once read.
+inline RingSlot *ring_take(RingHeader *r, uint64_t *pos_out) {
+  uint64_t pos = r->head.load(std::memory_order_relaxed);
+  for (;;) {
+    RingSlot *s = ring_slot(r, pos);
+    auto dif = static_cast<int64_t>(ring_seq(r, s, pos) - (pos + 1));
+    if (dif == 0) {
+      if (r->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+        *pos_out = pos;
+        return s;
+      }
+    } else if (dif < 0) {
+      return nullptr;
+    } else {
+      pos = r->head.load(std::memory_order_relaxed);
+    }
+  }
+}
+inline void ring_release(RingHeader *r, RingSlot *s, uint64_t pos) {
+  ring_set_seq(r, s, pos, pos + r->mask + 1);
+}
+inline uint64_t ring_count(const RingHeader *r) {
+  uint64_t t = r->tail.load(std::memory_order_acquire);
+  uint64_t h = r->head.load(std::memory_order_acquire);
+  return t > h ? t - h : 0;
+}
+
+// Where an owner receives doorbells: a descriptor of its process, as the
+// fabric's ring() takes it, and the handle the record carries.
+struct Doorbell {
+  int32_t fd;  // -1: none
+  uint32_t pad;
+  uint64_t ino;
+};
+
+// --- completion queue ------------------------------------------------------
+enum ArmState : uint32_t { kDisarmed = 0, kArmNext = 1, kArmSolicited = 2 };
+
+struct CqSlot {
+  RingSlot hdr;
+  ibv_wc wc;
+};
+static_assert(sizeof(CqSlot) <= 64);
+constexpr uint32_t kCqSlotSize = 64;
+
+struct CqShared {
+  std::atomic<uint32_t> armed;
+  std::atomic<uint32_t> overflow;
+  Doorbell channel;  // completion channel of the owner
+  Doorbell async;    // async events of the owner's context
+  uint64_t handle;   // the owner's struct ibv_cq *
+  RingHeader ring;   // slots follow
+};
+
+// --- receive queue (a QP's own, or an SRQ) -----------------------------------
+struct RecvWqe {
+  RingSlot hdr;
+  uint64_t wr_id;
+  uint32_t num_sge;
+  uint32_t pad;
+  ibv_sge sge[];  // max_sge of them
+};
+inline uint32_t recv_slot_size(uint32_t max_sge) {
+  return static_cast<uint32_t>((sizeof(RecvWqe) + max_sge * sizeof(ibv_sge) + 63) & ~size_t{63});
+}
+
+struct RqShared {
+  uint32_t max_sge;
+  uint32_t pd;
+  std::atomic<uint32_t> limit;  // SRQ limit; 0 = disarmed
+  uint32_t is_srq;
+  Off cq;           // an SRQ's completions go to the receiving QP's CQ; unused
+  Doorbell async;   // where SRQ-limit events go
+  uint64_t handle;  // the owner's struct ibv_srq *
+  RingHeader ring;  // slots follow
+};
+
+// --- memory regions ------------------------------------------------------------
+// key = index << 8 | gen (7 bits); the lkey is the key, the rkey has bit 7 set.
+constexpr uint32_t kRkeyBit = 0x80;
+struct MrShared {
+  std::atomic<uint32_t> key;  // 0 = free
+  uint32_t pd;
+  uint32_t access;
+  uint32_t pad;
+  uint64_t addr;  // where the MR starts in its own address space (the iova)
+  uint64_t length;
+  fabric::WindowId window;
+  uint64_t va;  // where it starts in its owner's memory
+  uint64_t pad2;
+};
+static_assert(sizeof(MrShared) == 56 || sizeof(MrShared) == 64);
+
+// The owner's virtual address of MR address a.
+inline uint64_t va_of(const MrShared &m, uint64_t a) { return m.va + (a - m.addr); }
+
+// --- queue pairs -----------------------------------------------------------------
+// qpn = gen << 12 | index; gen never 0, so QPNs 0 and 1 are never handed out.
+struct QpShared {
+  std::atomic<uint32_t> qpn;    // 0 = free
+  std::atomic<uint32_t> state;  // enum ibv_qp_state
+  uint32_t type;                // enum ibv_qp_type
+  uint32_t pd;
+  uint32_t access;  // qp_access_flags
+  uint32_t qkey;
+  uint32_t dest_qpn;
+  uint16_t dest_lid;
+  uint8_t min_rnr_timer;
+  uint8_t pad;
+  Off rq;   // RqShared, or 0 with an SRQ
+  Off srq;  // RqShared of the SRQ
+  Off rcq;  // CqShared of the receive CQ
+  Doorbell async;
+  uint64_t handle;  // the owner's struct ibv_qp *
+};
+
+// The root of a node's area: fixed tables, then allocations.
+struct AreaRoot {
+  uint64_t magic;
+  uint64_t pad[7];
+  MrShared mrs[kMaxMrs];
+  QpShared qps[kMaxQps];
+};
+constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
+
+template <typename T>
+T *at(void *area, Off off) {
+  return off ? reinterpret_cast<T *>(static_cast<uint8_t *>(area) + off) : nullptr;
+}
+
+// What an async event record is, as libibverbs reads it from async_fd.
+struct AsyncRecord {
+  uint64_t element;
+  uint32_t event_type;
+  uint32_t reserved;
+};
+static_assert(sizeof(AsyncRecord) == 16);
+
+}  // namespace pcientb::engine

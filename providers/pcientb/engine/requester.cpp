@@ -1,0 +1,452 @@
+// The requester: executes send WRs. A WR runs at once, in the caller's
+// thread, when it can; one that must wait (RNR, a target not ready) waits in
+// the QP's backlog, in order, for the progress thread.
+#include <endian.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "engine/responder.hpp"
+
+namespace pcientb::engine {
+namespace {
+
+// IB min_rnr_timer codes, in microseconds.
+constexpr uint32_t kRnrTimerUs[32] = {
+    655360, 10,    20,    30,    40,    60,    80,     120,    160,    240,   320,
+    480,    640,   960,   1280,  1920,  2560,  3840,   5120,   7680,   10240, 15360,
+    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+
+uint64_t transport_timeout_ns(uint8_t timeout) {
+  // 4.096 us * 2^timeout; 0 means infinite, retried every second.
+  return timeout ? 4096ull << std::min<uint8_t>(timeout, 31) : 1000000000ull;
+}
+
+constexpr ibv_wc_opcode kWcOpcode[] = {
+    [IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE,
+    [IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
+    [IBV_WR_SEND] = IBV_WC_SEND,
+    [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND,
+    [IBV_WR_RDMA_READ] = IBV_WC_RDMA_READ,
+    [IBV_WR_ATOMIC_CMP_AND_SWP] = IBV_WC_COMP_SWAP,
+    [IBV_WR_ATOMIC_FETCH_AND_ADD] = IBV_WC_FETCH_ADD,
+};
+
+bool is_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+enum class Outcome { done, rnr, no_ack };
+struct Result {
+  Outcome outcome;
+  ibv_wc_status status;
+  uint32_t byte_len;
+  uint8_t rnr_timer;
+};
+Result done(ibv_wc_status s, uint32_t len = 0) { return {Outcome::done, s, len, 0}; }
+
+uint64_t total_length(const SendWqe &w) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < w.num_sge; ++i) n += w.sge[i].length;
+  return n;
+}
+
+// The local side: the message's source pieces, or where a READ/atomic lands.
+ibv_wc_status local_gather(Qp *qp, const SendWqe &w, bool dest, Gather *g) {
+  AreaRoot *root = qp->ctx->node->root();
+  bool inl = (w.flags & IBV_SEND_INLINE) && !dest;
+  for (uint32_t i = 0; i < w.num_sge; ++i) {
+    const ibv_sge &s = w.sge[i];
+    MrShared mr;
+    if (!inl && s.length &&
+        !mr_check(root, s.lkey, false, qp->pd->id, dest ? IBV_ACCESS_LOCAL_WRITE : 0, s.addr,
+                  s.length, &mr))
+      return IBV_WC_LOC_PROT_ERR;
+    g->ptr[g->n] = reinterpret_cast<const uint8_t *>(inl || !s.length ? s.addr : va_of(mr, s.addr));
+    g->len[g->n] = s.length;
+    g->n++;
+  }
+  return IBV_WC_SUCCESS;
+}
+
+// The receive-side completion of a SEND or RDMA WRITE with immediate.
+ibv_wc recv_wc(Qp *qp, const SendWqe &w, QpShared *target, uint64_t wr_id, uint32_t len) {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = IBV_WC_SUCCESS;
+  wc.opcode = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  wc.byte_len = len;
+  wc.qp_num = target->qpn.load(std::memory_order_relaxed);
+  wc.src_qp = qp->ibv->qp_num;
+  wc.slid = qp->ctx->node->fab().lid();
+  if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    wc.imm_data = w.imm;
+    wc.wc_flags |= IBV_WC_WITH_IMM;
+  }
+  return wc;
+}
+
+void fill_grh(Qp *qp, const Ah *ah, uint32_t payload, uint8_t *grh) {
+  memset(grh, 0, kGrhBytes);
+  uint32_t word0 = htobe32((6u << 28) | (uint32_t{ah->attr.grh.traffic_class} << 20) |
+                           (ah->attr.grh.flow_label & 0xfffff));
+  memcpy(grh, &word0, 4);
+  uint16_t plen = htobe16(static_cast<uint16_t>(payload));
+  memcpy(grh + 4, &plen, 2);
+  grh[6] = 0x1b;  // next header: IBA transport
+  grh[7] = ah->attr.grh.hop_limit;
+  ibv_gid_entry sgid{};
+  qp->ctx->query_gid(1, 0, &sgid);
+  memcpy(grh + 8, sgid.gid.raw, 16);
+  memcpy(grh + 24, ah->attr.grh.dgid.raw, 16);
+}
+
+Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
+  fabric::Fabric &fab = qp->ctx->node->fab();
+  Ah *ah = w.ah;
+  if (len > kMtu) return done(IBV_WC_LOC_LEN_ERR);
+  fabric::Peer *peer = fab.peer(ah->attr.dlid);
+  // Unreliable datagrams to nobody, or to a QP that is not there, are lost.
+  if (!peer || peer->dead()) return done(IBV_WC_SUCCESS);
+  QpShared *t = &static_cast<AreaRoot *>(peer->area())->qps[w.remote_qpn & (kMaxQps - 1)];
+  uint32_t st = t->state.load(std::memory_order_acquire);
+  uint32_t qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
+  if (t->qpn.load(std::memory_order_acquire) != w.remote_qpn || t->type != IBV_QPT_UD ||
+      (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) || t->qkey != qkey)
+    return done(IBV_WC_SUCCESS);
+  auto *rq = at<RqShared>(peer->area(), t->srq ? t->srq : t->rq);
+  RecvCopy r;
+  if (!rq || !rq_take(fab, *peer, rq, &r)) return done(IBV_WC_SUCCESS);
+  auto *root = static_cast<AreaRoot *>(peer->area());
+  ibv_wc wc = recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len + kGrhBytes));
+  Gather body = src;
+  uint8_t grh[kGrhBytes];
+  uint64_t skip = kGrhBytes;
+  if (ah->attr.is_global) {
+    // The GRH goes in front of the payload, as the first piece of the message.
+    fill_grh(qp, ah, static_cast<uint32_t>(len), grh);
+    body.n = 0;
+    body.ptr[0] = grh;
+    body.len[0] = kGrhBytes;
+    body.n = 1;
+    for (uint32_t i = 0; i < src.n && body.n <= kMaxSge; ++i) {
+      body.ptr[body.n] = src.ptr[i];
+      body.len[body.n++] = src.len[i];
+    }
+    skip = 0;
+    wc.wc_flags |= IBV_WC_GRH;
+  }
+  ibv_wc_status s = scatter(fab, *peer, root, rq->pd, r, skip, body, skip ? len : len + kGrhBytes);
+  if (s != IBV_WC_SUCCESS) {
+    wc.status = s;
+    wc.byte_len = 0;
+  }
+  cq_push(fab, *peer, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
+  return done(IBV_WC_SUCCESS);
+}
+
+Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
+  fabric::Fabric &fab = qp->ctx->node->fab();
+  fabric::Peer *peer = qp->peer;
+  if (!peer) {
+    peer = qp->peer = fab.peer(qp->attr.ah_attr.dlid);
+    if (!peer) return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0, 0};
+    qp->peer_nonce = peer->nonce();
+    qp->ctx->node->watch(peer);
+  }
+  if (peer->dead()) return done(IBV_WC_RETRY_EXC_ERR);
+  auto *root = static_cast<AreaRoot *>(peer->area());
+  uint32_t dqpn = qp->attr.dest_qp_num;
+  QpShared *t = &root->qps[dqpn & (kMaxQps - 1)];
+  uint32_t st = t->state.load(std::memory_order_acquire);
+  // A target that is not (yet) there, or not connected to us, never answers.
+  if (t->qpn.load(std::memory_order_acquire) != dqpn || t->type != IBV_QPT_RC ||
+      (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) ||
+      t->dest_qpn != qp->ibv->qp_num || t->dest_lid != fab.lid())
+    return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0, 0};
+
+  MrShared mr;
+  auto remote_ok = [&](uint32_t need, uint64_t n) {
+    return (t->access & need) && mr_check(root, w.rkey, true, t->pd, need, w.remote_addr, n, &mr);
+  };
+  auto moved = [&](fabric::MoveStatus s) {
+    return s == fabric::MoveStatus::ok           ? IBV_WC_SUCCESS
+           : s == fabric::MoveStatus::peer_dead ? IBV_WC_RETRY_EXC_ERR
+                                                 : IBV_WC_REM_ACCESS_ERR;
+  };
+
+  switch (w.opcode) {
+    case IBV_WR_RDMA_READ: {
+      if (len && !remote_ok(IBV_ACCESS_REMOTE_READ, len)) return done(IBV_WC_REM_ACCESS_ERR);
+      uint64_t off = 0;
+      for (uint32_t i = 0; i < src.n; ++i) {
+        auto s = fab.read(*peer, mr.window, va_of(mr, w.remote_addr + off), const_cast<uint8_t *>(src.ptr[i]),
+                          src.len[i]);
+        if (s != fabric::MoveStatus::ok) return done(moved(s));
+        off += src.len[i];
+      }
+      return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+    }
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+      if (len != 8 || src.n != 1) return done(IBV_WC_LOC_LEN_ERR);
+      if (w.remote_addr & 7) return done(IBV_WC_REM_INV_REQ_ERR);
+      if (!remote_ok(IBV_ACCESS_REMOTE_ATOMIC, 8)) return done(IBV_WC_REM_ACCESS_ERR);
+      uint64_t old = 0;
+      auto op = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? fabric::AtomicOp::cmp_swap
+                                                      : fabric::AtomicOp::fetch_add;
+      auto s = fab.atomic(*peer, mr.window, va_of(mr, w.remote_addr), op, w.compare_add, w.swap, &old);
+      if (s != fabric::MoveStatus::ok) return done(moved(s));
+      memcpy(const_cast<uint8_t *>(src.ptr[0]), &old, 8);
+      return done(IBV_WC_SUCCESS, 8);
+    }
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: {
+      // A zero-length write touches no memory and needs no valid rkey.
+      if (len && !remote_ok(IBV_ACCESS_REMOTE_WRITE, len)) return done(IBV_WC_REM_ACCESS_ERR);
+      RecvCopy r;
+      RqShared *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && (!rq || !rq_take(fab, *peer, rq, &r)))
+        return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
+      uint64_t off = 0;
+      for (uint32_t i = 0; i < src.n; ++i) {
+        auto s = fab.write(*peer, mr.window, va_of(mr, w.remote_addr + off), src.ptr[i], src.len[i]);
+        if (s != fabric::MoveStatus::ok) return done(moved(s));
+        off += src.len[i];
+      }
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+        cq_push(fab, *peer, at<CqShared>(root, t->rcq),
+                recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len)),
+                w.flags & IBV_SEND_SOLICITED);
+      return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+    }
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM: {
+      RecvCopy r;
+      RqShared *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
+      if (!rq || !rq_take(fab, *peer, rq, &r))
+        return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
+      ibv_wc_status s = scatter(fab, *peer, root, rq->pd, r, 0, src, len);
+      ibv_wc wc = recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len));
+      if (s == IBV_WC_RETRY_EXC_ERR) return done(s);
+      if (s != IBV_WC_SUCCESS) {
+        // The responder completes the receive in error and its QP fails; the
+        // requester is told its request was invalid.
+        wc.status = s;
+        wc.byte_len = 0;
+        responder_error(fab, *peer, t, wc);
+        return done(s == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+      }
+      cq_push(fab, *peer, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
+      return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+    }
+    default:
+      return done(IBV_WC_LOC_QP_OP_ERR);
+  }
+}
+
+Result execute(Qp *qp, const SendWqe &w) {
+  bool dest = w.opcode == IBV_WR_RDMA_READ || is_atomic(w.opcode);
+  Gather src;
+  ibv_wc_status s = local_gather(qp, w, dest, &src);
+  if (s != IBV_WC_SUCCESS) return done(s);
+  uint64_t len = total_length(w);
+  if (len > (1ull << 31)) return done(IBV_WC_LOC_LEN_ERR);
+  return qp->ibv->qp_type == IBV_QPT_UD ? execute_ud(qp, w, src, len)
+                                        : execute_rc(qp, w, src, len);
+}
+
+void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len) {
+  if (status == IBV_WC_SUCCESS && !qp->sig_all && !(w.flags & IBV_SEND_SIGNALED)) return;
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = status;
+  wc.opcode = kWcOpcode[w.opcode];
+  wc.byte_len = byte_len;
+  wc.qp_num = qp->ibv->qp_num;
+  if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) wc.vendor_err = 1;
+  Node &node = *qp->ctx->node;
+  cq_push(node.fab(), node.self(), qp->scq->sh, wc, false);
+}
+
+// With sq_mu held: the QP fails; everything it holds completes flushed.
+void enter_error_locked(Qp *qp) {
+  qp->sh->state.store(IBV_QPS_ERR, std::memory_order_release);
+  while (!qp->backlog.empty()) {
+    complete(qp, qp->backlog.front(), IBV_WC_WR_FLUSH_ERR, 0);
+    qp->backlog.pop_front();
+  }
+  Node &node = *qp->ctx->node;
+  rq_flush(node.fab(), node.self(), qp->sh);
+}
+
+// Applies one attempt's result to w (not in the backlog, or its front).
+enum class Settled { ok, failed, waits };
+Settled settle(Qp *qp, SendWqe &w, const Result &r) {
+  if (r.outcome == Outcome::done) {
+    complete(qp, w, r.status, r.byte_len);
+    return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
+  }
+  int &left = r.outcome == Outcome::rnr ? w.rnr_left : w.retry_left;
+  if (left == 0) {
+    complete(qp, w, r.status, 0);
+    return Settled::failed;
+  }
+  if (left > 0) --left;
+  uint64_t wait = r.outcome == Outcome::rnr ? uint64_t{kRnrTimerUs[r.rnr_timer & 31]} * 1000
+                                            : transport_timeout_ns(qp->attr.timeout);
+  w.not_before_ns = now_ns() + wait;
+  return Settled::waits;
+}
+
+// A WR that waits keeps its inline data: the caller's buffer may be reused.
+void keep(Qp *qp, SendWqe &&w) {
+  qp->backlog.push_back(std::move(w));
+  SendWqe &k = qp->backlog.back();
+  if ((k.flags & IBV_SEND_INLINE) && k.inline_copy.empty()) {
+    for (uint32_t i = 0; i < k.num_sge; ++i) {
+      auto *p = reinterpret_cast<const uint8_t *>(k.sge[i].addr);
+      k.inline_copy.insert(k.inline_copy.end(), p, p + k.sge[i].length);
+    }
+    k.num_sge = 1;
+    k.sge[0] = ibv_sge{reinterpret_cast<uint64_t>(k.inline_copy.data()),
+                       static_cast<uint32_t>(k.inline_copy.size()), 0};
+  }
+}
+
+// With sq_mu held. Returns whether the progress thread must look at the QP.
+bool submit(Qp *qp, SendWqe &&w) {
+  ibv_qp_state st = qp->state();
+  if (st == IBV_QPS_ERR) {
+    complete(qp, w, IBV_WC_WR_FLUSH_ERR, 0);
+    return false;
+  }
+  w.rnr_left = qp->attr.rnr_retry == 7 ? -1 : qp->attr.rnr_retry;
+  w.retry_left = qp->attr.retry_cnt;
+  w.not_before_ns = 0;
+  if (!qp->backlog.empty() || st != IBV_QPS_RTS) {
+    keep(qp, std::move(w));
+    return st == IBV_QPS_RTS;
+  }
+  Settled r = settle(qp, w, execute(qp, w));
+  if (r == Settled::failed) enter_error_locked(qp);
+  if (r != Settled::waits) return false;
+  keep(qp, std::move(w));
+  return true;
+}
+
+void to_wqe(const ibv_send_wr *wr, SendWqe *w) {
+  w->wr_id = wr->wr_id;
+  w->opcode = wr->opcode;
+  w->flags = wr->send_flags;
+  w->imm = wr->imm_data;
+  w->num_sge = static_cast<uint32_t>(wr->num_sge);
+  memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
+  w->ah = nullptr;
+  if (is_atomic(wr->opcode)) {
+    w->remote_addr = wr->wr.atomic.remote_addr;
+    w->rkey = wr->wr.atomic.rkey;
+    w->compare_add = wr->wr.atomic.compare_add;
+    w->swap = wr->wr.atomic.swap;
+  } else if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+             wr->opcode == IBV_WR_RDMA_READ) {
+    w->remote_addr = wr->wr.rdma.remote_addr;
+    w->rkey = wr->wr.rdma.rkey;
+  }
+}
+
+}  // namespace
+
+int check_send_wr(Qp *qp, const ibv_send_wr *wr) {
+  ibv_qp_state st = qp->state();
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+  bool ud = qp->ibv->qp_type == IBV_QPT_UD;
+  switch (wr->opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      break;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      if (ud) return EINVAL;
+      break;
+    default:
+      return EINVAL;
+  }
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
+  if (wr->num_sge && !wr->sg_list) return EINVAL;
+  if (wr->send_flags & IBV_SEND_INLINE) {
+    if (wr->opcode == IBV_WR_RDMA_READ || is_atomic(wr->opcode)) return EINVAL;
+    uint64_t n = 0;
+    for (int i = 0; i < wr->num_sge; ++i) n += wr->sg_list[i].length;
+    if (n > qp->cap.max_inline_data) return EINVAL;
+  }
+  if (ud && !wr->wr.ud.ah) return EINVAL;
+  return 0;
+}
+
+int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {
+  bool kick = false;
+  int err = 0;
+  {
+    std::lock_guard<std::mutex> g(qp->sq_mu);
+    for (; wr; wr = wr->next) {
+      if ((err = check_send_wr(qp, wr))) {
+        *bad = const_cast<ibv_send_wr *>(wr);
+        break;
+      }
+      SendWqe w;
+      to_wqe(wr, &w);
+      if (qp->ibv->qp_type == IBV_QPT_UD) {
+        w.ah = from_ibv<Ah>(wr->wr.ud.ah);
+        w.remote_qpn = wr->wr.ud.remote_qpn;
+        w.remote_qkey = wr->wr.ud.remote_qkey;
+      }
+      kick |= submit(qp, std::move(w));
+    }
+  }
+  if (kick) qp->ctx->node->schedule(qp);
+  return err;
+}
+
+int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
+  bool kick = false;
+  {
+    std::lock_guard<std::mutex> g(qp->sq_mu);
+    for (size_t i = 0; i < n; ++i) kick |= submit(qp, std::move(wqes[i]));
+  }
+  if (kick) qp->ctx->node->schedule(qp);
+  return 0;
+}
+
+uint64_t progress_qp(Qp *qp) {
+  std::lock_guard<std::mutex> g(qp->sq_mu);
+  ibv_qp_state st = qp->state();
+  if (st == IBV_QPS_ERR) {
+    enter_error_locked(qp);
+    return 0;
+  }
+  if (st != IBV_QPS_RTS) return 0;  // SQD, or reset: RTS schedules it again
+  while (!qp->backlog.empty()) {
+    SendWqe &w = qp->backlog.front();
+    uint64_t now = now_ns();
+    if (w.not_before_ns > now) return w.not_before_ns;
+    Settled r = settle(qp, w, execute(qp, w));
+    if (r == Settled::waits) return w.not_before_ns;
+    qp->backlog.pop_front();
+    if (r == Settled::failed) {
+      enter_error_locked(qp);
+      return 0;
+    }
+  }
+  return 0;
+}
+
+void qp_enter_error(Qp *qp) {
+  std::lock_guard<std::mutex> g(qp->sq_mu);
+  enter_error_locked(qp);
+}
+
+}  // namespace pcientb::engine

@@ -1,0 +1,162 @@
+// What the target side of a transfer does: receive queues (a QP's own and
+// SRQs), key checks against the target's MR table, delivery into posted
+// receives, and responder errors. Run by whichever node moves the data: the
+// target's CPU takes no part.
+#include "engine/responder.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace pcientb::engine {
+
+// ---- receive queues ------------------------------------------------------------
+
+Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd) {
+  Off off = node.alloc(offsetof(RqShared, ring) + ring_bytes(capacity, recv_slot_size(max_sge)));
+  if (!off) return 0;
+  auto *rq = static_cast<RqShared *>(node.ptr(off));
+  rq->max_sge = max_sge;
+  rq->pd = pd;
+  rq->async = Doorbell{-1, 0, 0};
+  ring_init(&rq->ring, capacity, recv_slot_size(max_sge));
+  return off;
+}
+
+void rq_reset(RqShared *rq) {
+  uint32_t capacity = rq->ring.mask + 1;
+  memset(reinterpret_cast<uint8_t *>(&rq->ring + 1), 0,
+         size_t{capacity} * rq->ring.slot_size);
+  ring_init(&rq->ring, capacity, rq->ring.slot_size);
+}
+
+int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
+  for (; wr; wr = wr->next) {
+    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > rq->max_sge) {
+      *bad = const_cast<ibv_recv_wr *>(wr);
+      return EINVAL;
+    }
+    uint64_t pos;
+    RingSlot *s = ring_count(&rq->ring) < max_wr ? ring_reserve(&rq->ring, &pos) : nullptr;
+    if (!s) {
+      *bad = const_cast<ibv_recv_wr *>(wr);
+      return ENOMEM;
+    }
+    auto *w = reinterpret_cast<RecvWqe *>(s);
+    w->wr_id = wr->wr_id;
+    w->num_sge = static_cast<uint32_t>(wr->num_sge);
+    memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
+    ring_publish(&rq->ring, s, pos);
+  }
+  return 0;
+}
+
+bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out) {
+  uint64_t pos;
+  RingSlot *s = ring_take(&rq->ring, &pos);
+  if (!s) return false;
+  auto *w = reinterpret_cast<RecvWqe *>(s);
+  out->wr_id = w->wr_id;
+  out->num_sge = std::min(w->num_sge, kMaxSge);
+  memcpy(out->sge, w->sge, sizeof(ibv_sge) * out->num_sge);
+  ring_release(&rq->ring, s, pos);
+  // SRQ limit: one event when the queue falls below it, then disarmed.
+  uint32_t limit = rq->limit.load(std::memory_order_relaxed);
+  if (limit && ring_count(&rq->ring) < limit && rq->limit.compare_exchange_strong(limit, 0)) {
+    AsyncRecord rec{rq->handle, IBV_EVENT_SRQ_LIMIT_REACHED, 0};
+    ring_doorbell(fab, owner, rq->async, &rec, sizeof rec);
+  }
+  return true;
+}
+
+// ---- memory checks -------------------------------------------------------------
+
+bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need,
+              uint64_t addr, uint64_t len, MrShared *out) {
+  if (remote != ((key & kRkeyBit) != 0)) return false;
+  uint32_t want = key & ~kRkeyBit;
+  uint32_t idx = want >> 8;
+  if (idx == 0 || idx >= kMaxMrs) return false;
+  MrShared &e = root->mrs[idx];
+  if (e.key.load(std::memory_order_acquire) != want) return false;
+  out->pd = e.pd;
+  out->access = e.access;
+  out->addr = e.addr;
+  out->va = e.va;
+  out->length = e.length;
+  out->window = e.window;
+  // A deregistration in between changes the key: then nothing read counts.
+  if (e.key.load(std::memory_order_acquire) != want) return false;
+  if (out->pd != pd || (out->access & need) != need) return false;
+  return addr >= out->addr && len <= out->length && addr - out->addr <= out->length - len;
+}
+
+// ---- delivery -------------------------------------------------------------------
+
+ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
+                      const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len) {
+  // Check the whole receive first: nothing moves into a receive that fails.
+  MrShared mrs[kMaxSge];
+  uint64_t room = 0;
+  for (uint32_t i = 0; i < r.num_sge; ++i) {
+    const ibv_sge &g = r.sge[i];
+    if (g.length && !mr_check(root, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length,
+                              &mrs[i]))
+      return IBV_WC_LOC_PROT_ERR;
+    room += g.length;
+  }
+  if (room < skip + len) return IBV_WC_LOC_LEN_ERR;
+  uint64_t done = 0;  // bytes of the message placed
+  uint64_t pos = 0;   // position in the receive's scatter list
+  uint32_t si = 0;
+  uint64_t soff = 0;  // position in the source's current piece
+  for (uint32_t i = 0; i < r.num_sge && done < len; ++i) {
+    const ibv_sge &g = r.sge[i];
+    uint64_t begin = pos, end = pos + g.length;
+    pos = end;
+    if (end <= skip) continue;
+    uint64_t at = begin < skip ? skip - begin : 0;
+    while (at < g.length && done < len) {
+      while (si < src.n && soff == src.len[si]) {
+        ++si;
+        soff = 0;
+      }
+      if (si == src.n) break;
+      uint64_t n = std::min<uint64_t>({g.length - at, src.len[si] - soff, len - done});
+      auto s = fab.write(peer, mrs[i].window, va_of(mrs[i], g.addr + at), src.ptr[si] + soff, n);
+      if (s == fabric::MoveStatus::peer_dead) return IBV_WC_RETRY_EXC_ERR;
+      if (s != fabric::MoveStatus::ok) return IBV_WC_LOC_PROT_ERR;
+      at += n;
+      soff += n;
+      done += n;
+    }
+  }
+  return IBV_WC_SUCCESS;
+}
+
+void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc) {
+  auto *rcq = at<CqShared>(peer.area(), target->rcq);
+  if (rcq) cq_push(fab, peer, rcq, wc, true);
+  uint32_t s = target->state.load();
+  while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
+         !target->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
+  }
+  if (s == IBV_QPS_RESET) return;
+  rq_flush(fab, peer, target);
+}
+
+void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
+  auto *rq = at<RqShared>(peer.area(), target->rq);
+  auto *rcq = at<CqShared>(peer.area(), target->rcq);
+  if (!rq || !rcq) return;
+  RecvCopy r;
+  while (rq_take(fab, peer, rq, &r)) {
+    ibv_wc wc{};
+    wc.wr_id = r.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = target->qpn.load(std::memory_order_relaxed);
+    cq_push(fab, peer, rcq, wc, true);
+  }
+}
+
+}  // namespace pcientb::engine

@@ -1,0 +1,47 @@
+// The target side of a transfer, shared by requester.cpp, qp.cpp and srq.cpp.
+#pragma once
+
+#include <algorithm>
+
+#include "engine/engine.hpp"
+
+namespace pcientb::engine {
+
+// A receive WQE as taken off a receive queue.
+struct RecvCopy {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  ibv_sge sge[kMaxSge];
+};
+
+// The bytes of a message at the requester, piece by piece.
+struct Gather {
+  const uint8_t *ptr[kMaxSge + 1];
+  uint64_t len[kMaxSge + 1];
+  uint32_t n = 0;
+};
+
+Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd);
+void rq_reset(RqShared *rq);
+int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad);
+// Takes the next receive WQE of a (possibly remote) queue; raises the SRQ
+// limit event of its owner when that is due.
+bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out);
+// Completes every WQE left on a QP's own receive queue with a flush error.
+void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target);
+
+// Whether key names a live MR of `pd` in `root` that grants `need` over
+// [addr, addr+len); copies the entry to *out.
+bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need,
+              uint64_t addr, uint64_t len, MrShared *out);
+
+// Places `len` bytes from src into the receive r of `peer`, after `skip`
+// bytes (the GRH of UD). Returns the responder's status.
+ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
+                      const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len);
+
+// A responder-side error: completes wc on the target's receive CQ, moves the
+// target QP to ERR and flushes its receive queue.
+void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc);
+
+}  // namespace pcientb::engine

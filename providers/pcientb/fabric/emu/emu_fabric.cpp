@@ -1,0 +1,728 @@
+// The emulated NTB fabric: nodes are processes of one user on one machine.
+//
+// - The fabric table (/dev/shm/pcientb.<uid>.<name>, mode 0600) maps LIDs to
+//   processes. Joining and leaving hold flock() on it, which a dying process
+//   gives back by itself.
+// - A node's segment is a memfd; peers take a copy of the descriptor with
+//   pidfd_getfd() and map it. It dies with the last mapping: nothing to clean.
+// - A window (registered memory) is made of memfd chunks: registration moves
+//   the pages of the range, contents kept, onto a memfd mapped at the same
+//   address, so a peer maps the same pages and moves bytes with plain loads
+//   and stores, as through an NT window. Memory that cannot be moved (shared
+//   file mappings, read-only) is reached with process_vm_readv/writev.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.hpp"
+
+namespace pcientb::fabric {
+namespace {
+
+constexpr uint64_t kTableMagic = 0x70636e7462746231ULL;  // "pcntbtb1"
+constexpr uint64_t kSegMagic = 0x70636e7462736731ULL;    // "pcntbsg1"
+constexpr uint32_t kMaxNodes = 1024;
+constexpr uint32_t kMaxWindows = 16384;
+constexpr uint32_t kMaxChunks = 16384;
+constexpr uint32_t kMaxExtents = 8;
+constexpr size_t kAreaSize = size_t{1} << 30;  // sparse: only touched pages cost memory
+constexpr size_t kPage = 4096;
+
+struct NodeSlot {
+  int32_t pid;
+  int32_t seg_fd;
+  uint64_t start_time;  // tells a live owner from a recycled pid
+  uint64_t seg_ino;
+  uint64_t nonce;
+  uint64_t seg_size;
+};
+
+struct TableFile {
+  uint64_t magic;
+  uint32_t max_nodes;
+  uint32_t pad;
+  NodeSlot slots[kMaxNodes];
+};
+
+enum WindowMode : uint32_t { kMapped = 0, kCopy = 1 };
+
+struct Extent {
+  uint64_t va;
+  uint64_t len;
+  uint64_t chunk_off;
+  uint32_t chunk;
+  uint32_t chunk_gen;
+};
+static_assert(sizeof(Extent) == 32);
+
+struct WindowEntry {
+  std::atomic<uint32_t> gen;  // odd while being written
+  uint32_t mode;
+  uint32_t n_extents;
+  uint32_t pad;
+  Extent ext[kMaxExtents];
+};
+
+struct ChunkEntry {
+  std::atomic<uint32_t> gen;
+  int32_t fd;
+  uint64_t ino;
+  uint64_t size;
+};
+
+struct SegHeader {
+  uint64_t magic;
+  uint64_t nonce;
+  int32_t pid;
+  uint32_t pad;
+  std::atomic<uint32_t> copy_atomic_lock;  // serialises atomics on kCopy windows
+  WindowEntry windows[kMaxWindows];
+  ChunkEntry chunks[kMaxChunks];
+};
+constexpr size_t kHeaderSize = (sizeof(SegHeader) + kPage - 1) & ~(kPage - 1);
+constexpr size_t kSegSize = kHeaderSize + kAreaSize;
+
+int sys_pidfd_open(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+int sys_pidfd_getfd(int pidfd, int fd) {
+  return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+}
+
+uint64_t process_start_time(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  // Field 22; the command name (field 2) may hold spaces, so count after ')'.
+  const char *p = strrchr(buf, ')');
+  if (!p) return 0;
+  int field = 2;
+  for (; *p && field < 22; ++p)
+    if (*p == ' ') ++field;
+  return strtoull(p, nullptr, 10);
+}
+
+bool slot_alive(const NodeSlot &s) {
+  return s.pid > 0 && s.start_time != 0 && process_start_time(s.pid) == s.start_time;
+}
+
+uint64_t random_nonce() {
+  uint64_t v = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (::read(fd, &v, sizeof v) != sizeof v) v = 0;
+    close(fd);
+  }
+  return v ^ (uint64_t(getpid()) << 32) ^ uint64_t(time(nullptr));
+}
+
+uint64_t fd_ino(int fd) {
+  struct stat st{};
+  return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+// Whether every page of [a, b) may move onto a memfd: private anonymous
+// read-write memory, or our own earlier chunks.
+bool remappable(uint64_t a, uint64_t b) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  char line[512];
+  uint64_t covered = a;
+  bool ok = true;
+  while (ok && covered < b && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8] = {};
+    int path_at = 0;
+    if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &lo, &hi, perms, &path_at) < 3) continue;
+    if (hi <= covered || lo >= b) continue;
+    if (lo > covered) ok = false;  // a hole
+    const char *path = line + path_at;
+    bool anon = *path == '\n' || *path == '\0' || *path == '[';
+    bool ours = strncmp(path, "/memfd:pcientb-mr", 17) == 0;
+    bool rw = perms[0] == 'r' && perms[1] == 'w';
+    if (!rw || !((anon && perms[3] == 'p') || (ours && perms[3] == 's'))) ok = false;
+    if (!strncmp(path, "[vsyscall]", 10) || !strncmp(path, "[vvar]", 6)) ok = false;
+    covered = hi;
+  }
+  fclose(f);
+  return ok && covered >= b;
+}
+
+class EmuFabric;
+
+class EmuPeer final : public Peer {
+ public:
+  EmuPeer(EmuFabric *fab, uint16_t lid) : fab_(fab) { lid_ = lid; }
+  ~EmuPeer() override;
+
+  int attach(const NodeSlot &slot);
+  void attach_self(SegHeader *hdr, uint64_t nonce);
+  // Local address of a peer's window range, nullptr if it is not mapped.
+  uint8_t *translate(const WindowEntry &w, uint64_t raddr, size_t len, size_t *run);
+  int doorbell_fd(int fd, uint64_t ino);
+
+  bool self = false;
+  pid_t pid = 0;
+  int pidfd = -1;
+  SegHeader *hdr = nullptr;
+  uint64_t seg_size = 0;
+
+ private:
+  struct Mapping {
+    uint32_t gen;
+    uint8_t *base;
+    uint64_t size;
+  };
+  const Mapping *chunk_mapping(uint32_t idx, uint32_t gen);
+
+  EmuFabric *fab_;
+  std::mutex mu_;
+  std::unique_ptr<std::atomic<const Mapping *>[]> cache_;
+  std::vector<std::unique_ptr<Mapping>> mappings_;  // kept mapped until the peer goes
+  std::map<std::pair<int, uint64_t>, int> doorbells_;
+};
+
+class EmuFabric final : public Fabric {
+ public:
+  ~EmuFabric() override;
+  int join(const char *name);
+
+  uint16_t lid() const override { return lid_; }
+  uint64_t node_guid() const override { return emu_node_guid(); }
+  const char *name() const override { return name_.c_str(); }
+  void *area() override { return reinterpret_cast<uint8_t *>(hdr_) + kHeaderSize; }
+  size_t area_size() const override { return kAreaSize; }
+
+  Peer *peer(uint16_t lid) override;
+  bool check_alive(Peer &p) override;
+  int death_fd(Peer &p) override { return static_cast<EmuPeer &>(p).pidfd; }
+
+  int expose(void *addr, size_t len, WindowId *out) override;
+  void unexpose(WindowId id) override;
+  MoveStatus write(Peer &p, WindowId w, uint64_t raddr, const void *src, size_t len) override;
+  MoveStatus read(Peer &p, WindowId w, uint64_t raddr, void *dst, size_t len) override;
+  MoveStatus atomic(Peer &p, WindowId w, uint64_t raddr, AtomicOp op, uint64_t a, uint64_t b,
+                    uint64_t *old) override;
+  int ring(Peer &p, int fd, uint64_t ino, const void *rec, size_t len) override;
+
+ private:
+  template <typename Fn>
+  MoveStatus move(EmuPeer &p, WindowId w, uint64_t raddr, size_t len, Fn &&fn);
+  MoveStatus copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len, bool to_peer);
+  const WindowEntry *window(EmuPeer &p, WindowId w, uint32_t *gen);
+  int new_chunk(uint64_t va, uint64_t len, uint32_t *idx);
+  void put_region(uint64_t va);
+
+  std::string name_;
+  int table_fd_ = -1;
+  TableFile *table_ = nullptr;
+  int seg_fd_ = -1;
+  SegHeader *hdr_ = nullptr;
+  uint16_t lid_ = 0;
+  uint64_t nonce_ = 0;
+
+  std::mutex peers_mu_;
+  std::unique_ptr<EmuPeer> peers_[kMaxNodes + 1];
+  std::vector<std::unique_ptr<EmuPeer>> retired_;  // dead peers' mappings, kept until we go
+
+  // Registration state, owner side only.
+  struct Region {
+    uint64_t len;
+    uint32_t chunk;
+    uint32_t refs;
+  };
+  std::mutex reg_mu_;
+  std::map<uint64_t, Region> regions_;  // moved ranges by start address, disjoint
+  uint32_t next_window_ = 1;
+  uint32_t next_chunk_ = 1;
+};
+
+// ---- joining and leaving -------------------------------------------------
+
+struct TableLock {
+  explicit TableLock(int fd) : fd_(fd) { flock(fd_, LOCK_EX); }
+  ~TableLock() { flock(fd_, LOCK_UN); }
+  int fd_;
+};
+
+int EmuFabric::join(const char *name) {
+  name_ = name;
+  for (char c : name_)
+    if (c == '/' || c == '\0') return EINVAL;
+  if (name_.empty() || name_.size() > 64) return EINVAL;
+  // Peers reach our memory with pidfd_getfd/process_vm_*: allow them under Yama.
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+
+  std::string path = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + name_;
+  table_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (table_fd_ < 0) return errno;
+  struct stat st{};
+  if (fstat(table_fd_, &st) || st.st_uid != getuid() || (st.st_mode & 077)) {
+    fprintf(stderr, "pcientb: %s is not private to this user; refusing it\n", path.c_str());
+    return EACCES;
+  }
+  TableLock lock(table_fd_);
+  if (static_cast<size_t>(st.st_size) < sizeof(TableFile) &&
+      ftruncate(table_fd_, sizeof(TableFile)))
+    return errno;
+  void *t = mmap(nullptr, sizeof(TableFile), PROT_READ | PROT_WRITE, MAP_SHARED, table_fd_, 0);
+  if (t == MAP_FAILED) return errno;
+  table_ = static_cast<TableFile *>(t);
+  if (table_->magic != kTableMagic) {
+    memset(table_, 0, sizeof *table_);
+    table_->max_nodes = kMaxNodes;
+    table_->magic = kTableMagic;
+  }
+
+  seg_fd_ = static_cast<int>(syscall(SYS_memfd_create, "pcientb-node", MFD_CLOEXEC));
+  if (seg_fd_ < 0) return errno;
+  if (ftruncate(seg_fd_, static_cast<off_t>(kSegSize))) return errno;
+  void *s = mmap(nullptr, kSegSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, seg_fd_, 0);
+  if (s == MAP_FAILED) return errno;
+  hdr_ = static_cast<SegHeader *>(s);
+  nonce_ = random_nonce();
+  hdr_->magic = kSegMagic;
+  hdr_->nonce = nonce_;
+  hdr_->pid = getpid();
+
+  for (uint32_t i = 0; i < kMaxNodes; ++i) {
+    NodeSlot &slot = table_->slots[i];
+    if (slot.pid != 0 && slot_alive(slot)) continue;
+    slot.pid = getpid();
+    slot.seg_fd = seg_fd_;
+    slot.start_time = process_start_time(getpid());
+    slot.seg_ino = fd_ino(seg_fd_);
+    slot.nonce = nonce_;
+    slot.seg_size = kSegSize;
+    lid_ = static_cast<uint16_t>(i + 1);
+    return 0;
+  }
+  return ENOSPC;
+}
+
+EmuFabric::~EmuFabric() {
+  if (table_ && lid_) {
+    TableLock lock(table_fd_);
+    NodeSlot &slot = table_->slots[lid_ - 1];
+    if (slot.nonce == nonce_) memset(&slot, 0, sizeof slot);
+  }
+  for (auto &p : peers_) p.reset();
+  retired_.clear();
+  {
+    std::lock_guard<std::mutex> g(reg_mu_);
+    for (uint32_t i = 1; i < next_chunk_ && hdr_; ++i)
+      if (hdr_->chunks[i].fd > 0) close(hdr_->chunks[i].fd);
+  }
+  if (hdr_) munmap(hdr_, kSegSize);
+  if (seg_fd_ >= 0) close(seg_fd_);
+  if (table_) munmap(table_, sizeof(TableFile));
+  if (table_fd_ >= 0) close(table_fd_);
+}
+
+// ---- peers ---------------------------------------------------------------
+
+EmuPeer::~EmuPeer() {
+  for (auto &[key, fd] : doorbells_) close(fd);
+  for (auto &m : mappings_) munmap(m->base, m->size);
+  if (!self && hdr) munmap(hdr, seg_size);
+  if (pidfd >= 0) close(pidfd);
+}
+
+void EmuPeer::attach_self(SegHeader *h, uint64_t nonce) {
+  self = true;
+  pid = getpid();
+  hdr = h;
+  nonce_ = nonce;
+  area_ = reinterpret_cast<uint8_t *>(h) + kHeaderSize;
+  pidfd = sys_pidfd_open(pid);
+}
+
+int EmuPeer::attach(const NodeSlot &slot) {
+  pid = slot.pid;
+  pidfd = sys_pidfd_open(pid);
+  if (pidfd < 0) return errno;
+  // The slot may belong to a process that exited and whose pid was reused.
+  if (!slot_alive(slot)) return ESRCH;
+  int fd = sys_pidfd_getfd(pidfd, slot.seg_fd);
+  if (fd < 0) return errno == ESRCH ? ESRCH : errno;
+  if (fd_ino(fd) != slot.seg_ino) {
+    close(fd);
+    return ESRCH;
+  }
+  void *m = mmap(nullptr, slot.seg_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return errno;
+  hdr = static_cast<SegHeader *>(m);
+  seg_size = slot.seg_size;
+  if (hdr->magic != kSegMagic || hdr->nonce != slot.nonce) return ESRCH;
+  nonce_ = slot.nonce;
+  area_ = reinterpret_cast<uint8_t *>(m) + kHeaderSize;
+  cache_.reset(new std::atomic<const Mapping *>[kMaxChunks]());
+  return 0;
+}
+
+const EmuPeer::Mapping *EmuPeer::chunk_mapping(uint32_t idx, uint32_t gen) {
+  if (idx == 0 || idx >= kMaxChunks) return nullptr;
+  const Mapping *m = cache_[idx].load(std::memory_order_acquire);
+  if (m && m->gen == gen) return m;
+  std::lock_guard<std::mutex> g(mu_);
+  m = cache_[idx].load(std::memory_order_acquire);
+  if (m && m->gen == gen) return m;
+  const ChunkEntry &c = hdr->chunks[idx];
+  if (c.gen.load(std::memory_order_acquire) != gen) return nullptr;
+  int32_t cfd = c.fd;
+  uint64_t ino = c.ino, size = c.size;
+  int fd = sys_pidfd_getfd(pidfd, cfd);
+  if (fd < 0) return nullptr;
+  if (fd_ino(fd) != ino || c.gen.load(std::memory_order_acquire) != gen) {
+    close(fd);
+    return nullptr;
+  }
+  void *base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return nullptr;
+  mappings_.push_back(std::make_unique<Mapping>(Mapping{gen, static_cast<uint8_t *>(base), size}));
+  cache_[idx].store(mappings_.back().get(), std::memory_order_release);
+  return mappings_.back().get();
+}
+
+uint8_t *EmuPeer::translate(const WindowEntry &w, uint64_t raddr, size_t len, size_t *run) {
+  for (uint32_t i = 0; i < w.n_extents && i < kMaxExtents; ++i) {
+    const Extent &e = w.ext[i];
+    if (raddr < e.va || raddr >= e.va + e.len) continue;
+    if (self) {
+      *run = std::min<uint64_t>(len, e.va + e.len - raddr);
+      return reinterpret_cast<uint8_t *>(raddr);
+    }
+    const Mapping *m = chunk_mapping(e.chunk, e.chunk_gen);
+    if (!m || e.chunk_off + (raddr - e.va) >= m->size) return nullptr;
+    *run = std::min<uint64_t>(len, e.va + e.len - raddr);
+    return m->base + e.chunk_off + (raddr - e.va);
+  }
+  return nullptr;
+}
+
+int EmuPeer::doorbell_fd(int fd, uint64_t ino) {
+  if (self) return fd;
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = doorbells_.find({fd, ino});
+  if (it != doorbells_.end()) return it->second;
+  int local = sys_pidfd_getfd(pidfd, fd);
+  if (local < 0) return -1;
+  if (fd_ino(local) != ino) {
+    close(local);
+    return -1;
+  }
+  doorbells_[{fd, ino}] = local;
+  return local;
+}
+
+Peer *EmuFabric::peer(uint16_t lid) {
+  if (lid == 0 || lid > kMaxNodes) return nullptr;
+  std::lock_guard<std::mutex> g(peers_mu_);
+  auto &slot_peer = peers_[lid];
+  if (slot_peer) {
+    // A node that died may have been replaced by a new one with the same LID.
+    if (!slot_peer->dead() || table_->slots[lid - 1].nonce == slot_peer->nonce()) return slot_peer.get();
+    retired_.push_back(std::move(slot_peer));
+  }
+  auto p = std::make_unique<EmuPeer>(this, lid);
+  if (lid == lid_) {
+    p->attach_self(hdr_, nonce_);
+  } else {
+    NodeSlot slot = table_->slots[lid - 1];
+    if (slot.pid == 0 || p->attach(slot) != 0) return nullptr;
+  }
+  slot_peer = std::move(p);
+  return slot_peer.get();
+}
+
+bool EmuFabric::check_alive(Peer &pp) {
+  auto &p = static_cast<EmuPeer &>(pp);
+  if (p.dead()) return false;
+  if (p.self) return true;
+  struct pollfd pfd{p.pidfd, POLLIN, 0};
+  if (poll(&pfd, 1, 0) == 1) {
+    p.mark_dead();
+    return false;
+  }
+  return true;
+}
+
+// ---- registration --------------------------------------------------------
+
+int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
+  if (next_chunk_ >= kMaxChunks) {
+    // Reuse a free entry; generations tell old mappings apart.
+    uint32_t i = 1;
+    while (i < kMaxChunks && hdr_->chunks[i].fd > 0) ++i;
+    if (i == kMaxChunks) return ENOMEM;
+    *idx = i;
+  } else {
+    *idx = next_chunk_++;
+  }
+  int fd = static_cast<int>(syscall(SYS_memfd_create, "pcientb-mr", MFD_CLOEXEC));
+  if (fd < 0) return errno;
+  if (ftruncate(fd, static_cast<off_t>(len))) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  void *tmp = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (tmp == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  memcpy(tmp, reinterpret_cast<void *>(va), len);
+  // Atomically replaces the private pages at va with the shared copy.
+  void *at = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(va));
+  if (at == MAP_FAILED) {
+    int e = errno;
+    munmap(tmp, len);
+    close(fd);
+    return e;
+  }
+  ChunkEntry &c = hdr_->chunks[*idx];
+  c.fd = fd;
+  c.ino = fd_ino(fd);
+  c.size = len;
+  c.gen.fetch_add(1, std::memory_order_release);
+  return 0;
+}
+
+int EmuFabric::expose(void *addr, size_t len, WindowId *out) {
+  std::lock_guard<std::mutex> g(reg_mu_);
+  uint32_t wi = 0;
+  for (uint32_t n = 0; n < kMaxWindows - 1; ++n) {
+    uint32_t i = 1 + (next_window_ - 1 + n) % (kMaxWindows - 1);
+    if (!(hdr_->windows[i].gen.load(std::memory_order_relaxed) & 0x80000000u)) {
+      wi = i;
+      break;
+    }
+  }
+  if (!wi) return ENOMEM;
+  next_window_ = wi + 1;
+  WindowEntry &w = hdr_->windows[wi];
+  uint64_t a = reinterpret_cast<uint64_t>(addr) & ~(kPage - 1);
+  uint64_t b = (reinterpret_cast<uint64_t>(addr) + len + kPage - 1) & ~(kPage - 1);
+
+  std::vector<Extent> ext;
+  bool mapped = len > 0 && remappable(a, b);
+  if (mapped) {
+    // Walk [a, b): reuse moved regions, move the gaps.
+    uint64_t at = a;
+    auto it = regions_.upper_bound(a);
+    if (it != regions_.begin() && std::prev(it)->first + std::prev(it)->second.len > a) --it;
+    std::vector<uint64_t> taken;
+    while (at < b && mapped) {
+      uint64_t next = b;
+      if (it != regions_.end() && it->first <= at) {
+        uint64_t end = std::min(b, it->first + it->second.len);
+        ext.push_back({at, end - at, at - it->first, it->second.chunk,
+                       hdr_->chunks[it->second.chunk].gen.load()});
+        it->second.refs++;
+        taken.push_back(it->first);
+        at = end;
+        ++it;
+        continue;
+      }
+      if (it != regions_.end()) next = std::min(b, it->first);
+      uint32_t ci;
+      if (new_chunk(at, next - at, &ci) != 0) {
+        mapped = false;
+        break;
+      }
+      regions_[at] = Region{next - at, ci, 1};
+      taken.push_back(at);
+      ext.push_back({at, next - at, 0, ci, hdr_->chunks[ci].gen.load()});
+      it = regions_.upper_bound(at);
+      at = next;
+    }
+    if (ext.size() > kMaxExtents) mapped = false;
+    if (!mapped) {
+      for (uint64_t r : taken) put_region(r);
+      ext.clear();
+    }
+  }
+  uint32_t gen = w.gen.load(std::memory_order_relaxed);
+  uint32_t next_gen = ((gen + 1) & 0x7fffffffu) | 0x80000000u;
+  w.mode = mapped ? kMapped : kCopy;
+  w.n_extents = static_cast<uint32_t>(ext.size());
+  std::copy(ext.begin(), ext.end(), w.ext);
+  w.gen.store(next_gen, std::memory_order_release);
+  *out = WindowId{wi, next_gen};
+  return 0;
+}
+
+void EmuFabric::put_region(uint64_t va) {
+  auto it = regions_.find(va);
+  if (it == regions_.end() || --it->second.refs) return;
+  ChunkEntry &c = hdr_->chunks[it->second.chunk];
+  c.gen.fetch_add(1, std::memory_order_release);
+  close(c.fd);
+  c.fd = 0;
+  // The pages stay mapped here: they are the application's memory.
+  regions_.erase(it);
+}
+
+void EmuFabric::unexpose(WindowId id) {
+  if (id.index == 0 || id.index >= kMaxWindows) return;
+  std::lock_guard<std::mutex> g(reg_mu_);
+  WindowEntry &w = hdr_->windows[id.index];
+  if (w.gen.load(std::memory_order_relaxed) != id.gen) return;
+  w.gen.store((id.gen + 1) & 0x7fffffffu, std::memory_order_release);
+  if (w.mode == kMapped)
+    for (uint32_t i = 0; i < w.n_extents; ++i) put_region(w.ext[i].va - w.ext[i].chunk_off);
+  w.n_extents = 0;
+}
+
+// ---- data movement -------------------------------------------------------
+
+const WindowEntry *EmuFabric::window(EmuPeer &p, WindowId w, uint32_t *gen) {
+  if (w.index == 0 || w.index >= kMaxWindows) return nullptr;
+  const WindowEntry &e = p.hdr->windows[w.index];
+  *gen = e.gen.load(std::memory_order_acquire);
+  return *gen == w.gen ? &e : nullptr;
+}
+
+MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len,
+                                bool to_peer) {
+  if (p.self) {
+    if (to_peer)
+      memmove(reinterpret_cast<void *>(raddr), local, len);
+    else
+      memmove(local, reinterpret_cast<void *>(raddr), len);
+    return MoveStatus::ok;
+  }
+  struct iovec l{local, len}, r{reinterpret_cast<void *>(raddr), len};
+  ssize_t n = to_peer ? process_vm_writev(p.pid, &l, 1, &r, 1, 0)
+                      : process_vm_readv(p.pid, &l, 1, &r, 1, 0);
+  if (n == static_cast<ssize_t>(len)) return MoveStatus::ok;
+  if (n < 0 && errno == ESRCH) {
+    p.mark_dead();
+    return MoveStatus::peer_dead;
+  }
+  return MoveStatus::bad_window;
+}
+
+template <typename Fn>
+MoveStatus EmuFabric::move(EmuPeer &p, WindowId w, uint64_t raddr, size_t len, Fn &&fn) {
+  uint32_t gen;
+  const WindowEntry *e = window(p, w, &gen);
+  if (!e) return MoveStatus::bad_window;
+  if (e->mode == kCopy) return fn(nullptr, raddr, len);
+  size_t done = 0;
+  while (done < len) {
+    size_t run = 0;
+    uint8_t *at = p.translate(*e, raddr + done, len - done, &run);
+    if (!at) return MoveStatus::bad_window;
+    MoveStatus s = fn(at, done, run);
+    if (s != MoveStatus::ok) return s;
+    done += run;
+  }
+  return MoveStatus::ok;
+}
+
+MoveStatus EmuFabric::write(Peer &pp, WindowId w, uint64_t raddr, const void *src, size_t len) {
+  auto &p = static_cast<EmuPeer &>(pp);
+  if (len == 0) return MoveStatus::ok;
+  auto *s = static_cast<const uint8_t *>(src);
+  return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
+    if (!at) return copy_move(p, raddr, const_cast<uint8_t *>(s), len, true);
+    memcpy(at, s + off, n);
+    return MoveStatus::ok;
+  });
+}
+
+MoveStatus EmuFabric::read(Peer &pp, WindowId w, uint64_t raddr, void *dst, size_t len) {
+  auto &p = static_cast<EmuPeer &>(pp);
+  if (len == 0) return MoveStatus::ok;
+  auto *d = static_cast<uint8_t *>(dst);
+  return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
+    if (!at) return copy_move(p, raddr, d, len, false);
+    memcpy(d + off, at, n);
+    return MoveStatus::ok;
+  });
+}
+
+MoveStatus EmuFabric::atomic(Peer &pp, WindowId w, uint64_t raddr, AtomicOp op, uint64_t a,
+                             uint64_t b, uint64_t *old) {
+  auto &p = static_cast<EmuPeer &>(pp);
+  auto apply = [&](uint64_t *target) {
+    if (op == AtomicOp::fetch_add) {
+      *old = __atomic_fetch_add(target, a, __ATOMIC_SEQ_CST);
+    } else {
+      uint64_t expected = a;
+      __atomic_compare_exchange_n(target, &expected, b, false, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+      *old = expected;
+    }
+  };
+  return move(p, w, raddr, 8, [&](uint8_t *at, uint64_t, size_t n) {
+    if (at && n == 8) {
+      apply(reinterpret_cast<uint64_t *>(at));
+      return MoveStatus::ok;
+    }
+    // Not directly reachable: read-modify-write under the owner's atomic lock,
+    // atomic with respect to every other atomic through the fabric.
+    auto &lock = p.hdr->copy_atomic_lock;
+    while (lock.exchange(1, std::memory_order_acquire)) sched_yield();
+    uint64_t v;
+    MoveStatus s = copy_move(p, raddr, &v, 8, false);
+    if (s == MoveStatus::ok) {
+      *old = v;
+      uint64_t nv = op == AtomicOp::fetch_add ? v + a : (v == a ? b : v);
+      s = copy_move(p, raddr, &nv, 8, true);
+    }
+    lock.store(0, std::memory_order_release);
+    return s;
+  });
+}
+
+int EmuFabric::ring(Peer &pp, int fd, uint64_t ino, const void *rec, size_t len) {
+  auto &p = static_cast<EmuPeer &>(pp);
+  int local = p.doorbell_fd(fd, ino);
+  if (local < 0) return ESRCH;
+  ssize_t n = ::write(local, rec, len);
+  return n == static_cast<ssize_t>(len) ? 0 : errno;
+}
+
+}  // namespace
+
+uint64_t emu_node_guid() {
+  // Vendor 0x10b5 (PLX/Broadcom), part 0x8749, then the process: unique per node.
+  return (uint64_t{0x0010b5} << 40) | (uint64_t{0x8749} << 24) |
+         (static_cast<uint64_t>(getpid()) & 0xffffff);
+}
+
+std::unique_ptr<Fabric> open_emu_fabric(const char *name, int *err) {
+  auto f = std::make_unique<EmuFabric>();
+  int e = f->join(name);
+  if (e) {
+    if (err) *err = e;
+    return nullptr;
+  }
+  return f;
+}
+
+}  // namespace pcientb::fabric

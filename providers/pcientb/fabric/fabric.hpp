@@ -1,0 +1,92 @@
+// The fabric: what the engine needs from "the wire", and nothing more.
+//
+// A node is one process attached to a fabric. Each node owns a segment: memory
+// every peer can reach (the engine keeps its peer-visible tables and rings
+// there). Registered memory is exposed through windows; a peer moves bytes
+// to and from a window without the owner's CPU, as a DMA engine through an NT
+// window does. Doorbells wake a sleeping owner. The emulated backend
+// (fabric/emu) implements this between processes on one machine; the kernel
+// backend implements it over pcientb.ko.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace pcientb::fabric {
+
+// Names a window in its owner's segment; stored by the engine in MR entries.
+struct WindowId {
+  uint32_t index = 0;
+  uint32_t gen = 0;
+};
+
+enum class AtomicOp { fetch_add, cmp_swap };
+
+class Peer {
+ public:
+  virtual ~Peer() = default;
+  uint16_t lid() const { return lid_; }
+  uint64_t nonce() const { return nonce_; }
+  // The engine area of the peer's segment, mapped here.
+  void *area() const { return area_; }
+  // Cheap; set once the fabric has seen the peer die.
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  void mark_dead() { dead_.store(true, std::memory_order_release); }
+
+ protected:
+  uint16_t lid_ = 0;
+  uint64_t nonce_ = 0;
+  void *area_ = nullptr;
+  std::atomic<bool> dead_{false};
+};
+
+// Status of a data movement: ok, the window is not (or no longer) there, or
+// the peer is gone.
+enum class MoveStatus { ok, bad_window, peer_dead };
+
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+
+  virtual uint16_t lid() const = 0;
+  virtual uint64_t node_guid() const = 0;
+  virtual const char *name() const = 0;
+
+  // This node's engine area (peer-reachable) and its size.
+  virtual void *area() = 0;
+  virtual size_t area_size() const = 0;
+
+  // The peer with this LID (this node itself included), attached on first
+  // use; nullptr if no live node has it. Stays valid until the fabric dies.
+  virtual Peer *peer(uint16_t lid) = 0;
+  // Re-checks liveness now (a system call); marks the peer dead if it is.
+  virtual bool check_alive(Peer &peer) = 0;
+  // A descriptor that becomes readable when the peer dies, for poll().
+  virtual int death_fd(Peer &peer) = 0;
+
+  // Memory registration: make [addr, addr+len) reachable by peers.
+  virtual int expose(void *addr, size_t len, WindowId *out) = 0;
+  virtual void unexpose(WindowId id) = 0;
+
+  // One-sided movement between local memory and [raddr, raddr+len) of a
+  // peer's window. Bounds and rights are the engine's to check beforehand.
+  virtual MoveStatus write(Peer &peer, WindowId w, uint64_t raddr, const void *src,
+                           size_t len) = 0;
+  virtual MoveStatus read(Peer &peer, WindowId w, uint64_t raddr, void *dst, size_t len) = 0;
+  virtual MoveStatus atomic(Peer &peer, WindowId w, uint64_t raddr, AtomicOp op, uint64_t a,
+                            uint64_t b, uint64_t *old) = 0;
+
+  // Doorbell: deliver a small record to a descriptor of the peer (completion
+  // channel, async events). fd and ino name it as the owner published them.
+  virtual int ring(Peer &peer, int fd, uint64_t ino, const void *rec, size_t len) = 0;
+};
+
+// The emulated fabric named `name`, this process joining it as a node.
+// Returns nullptr and sets *err (an errno value) on failure.
+std::unique_ptr<Fabric> open_emu_fabric(const char *name, int *err);
+// The node GUID the emulated fabric gives this process, known before it joins.
+uint64_t emu_node_guid();
+
+}  // namespace pcientb::fabric

@@ -1,0 +1,44 @@
+/* C entry points of libpcientb-rdmav34.so beyond the libibverbs provider ABI.
+ *
+ * libibverbs cannot list, or ask the kernel about, a device that has no kernel
+ * behind it (the emulated fabric). The preload library (libpcientb-preload.so)
+ * interposes the few libibverbs calls that would go to the kernel and routes
+ * them here for pcientb devices; every other device is left to libibverbs.
+ */
+#ifndef PCIENTB_PCIENTB_H
+#define PCIENTB_PCIENTB_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The emulated devices of this process ("pcientb0" on the fabric named by
+ * $PCIENTB_FABRIC, default "default"). Returns a malloc'd NULL-terminated
+ * array and its length in *num; each device in it holds one reference, given
+ * back with pcientb_put_device(). The array itself is the caller's to free().
+ * Returns NULL with errno set on failure. */
+struct ibv_device **pcientb_emu_device_list(int *num);
+void pcientb_put_device(struct ibv_device *dev);
+
+/* Whether an object belongs to this provider. */
+int pcientb_owns_device(struct ibv_device *dev);
+int pcientb_owns_context(struct ibv_context *ctx);
+int pcientb_owns_comp_channel(struct ibv_comp_channel *channel);
+
+/* What libibverbs would ask the kernel (uverbs / sysfs) for. Return 0 or an
+ * errno value (not -1), except where noted. */
+struct ibv_comp_channel *pcientb_create_comp_channel(struct ibv_context *ctx); /* NULL + errno */
+int pcientb_destroy_comp_channel(struct ibv_comp_channel *channel); /* EBUSY while a CQ uses it */
+int pcientb_query_gid_ex(struct ibv_context *ctx, uint32_t port_num, uint32_t gid_index,
+                         struct ibv_gid_entry *entry);
+int pcientb_query_pkey(struct ibv_context *ctx, uint8_t port_num, int index, __be16 *pkey);
+__be64 pcientb_device_guid(struct ibv_device *dev);
+int pcientb_device_index(struct ibv_device *dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
