@@ -247,7 +247,7 @@ Context *Context::open(int *err) {
   fcntl(p[1], F_SETFL, O_NONBLOCK);
   ctx->async_rfd = p[0];
   ctx->async_wfd = p[1];
-  struct stat st{};
+  struct stat st {};
   fstat(p[1], &st);
   ctx->async_ino = st.st_ino;
   // The port comes up as the node joins the fabric.
@@ -356,7 +356,7 @@ Channel *Context::create_channel(int *err) {
     *err = ENOMEM;
     return nullptr;
   }
-  struct stat st{};
+  struct stat st {};
   fstat(p[1], &st);
   ch->ibv.context = ibv;
   ch->ibv.fd = p[0];

@@ -12,15 +12,8 @@ namespace {
 constexpr uint32_t kMinCqCapacity = 4096;
 
 constexpr uint64_t kSupportedWcFlags =
-    IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
-    IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
-    IBV_WC_EX_WITH_DLID_PATH_BITS;
-
-uint32_t pow2_at_least(uint32_t n) {
-  uint32_t c = 1;
-  while (c < n) c <<= 1;
-  return c;
-}
+    IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+    IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS;
 
 Off alloc_ring(Node &node, uint32_t capacity) {
   return node.alloc(offsetof(CqShared, ring) + ring_bytes(capacity, kCqSlotSize));
@@ -36,7 +29,9 @@ bool take(Cq *cq, ibv_wc *wc) {
 }
 
 // ---- the extended poll API (ibv_cq_ex) --------------------------------------
-Cq *cq_of(ibv_cq_ex *c) { return from_ibv<Cq>(c); }
+Cq *cq_of(ibv_cq_ex *c) {
+  return from_ibv<Cq>(c);
+}
 
 int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) {
   Cq *cq = cq_of(c);
@@ -57,17 +52,39 @@ int next_poll(ibv_cq_ex *c) {
   c->status = cq->cur.status;
   return 0;
 }
-void end_poll(ibv_cq_ex *c) { cq_of(c)->poll_mu.unlock(); }
-ibv_wc_opcode read_opcode(ibv_cq_ex *c) { return cq_of(c)->cur.opcode; }
-uint32_t read_vendor_err(ibv_cq_ex *c) { return cq_of(c)->cur.vendor_err; }
-uint32_t read_byte_len(ibv_cq_ex *c) { return cq_of(c)->cur.byte_len; }
-__be32 read_imm_data(ibv_cq_ex *c) { return cq_of(c)->cur.imm_data; }
-uint32_t read_qp_num(ibv_cq_ex *c) { return cq_of(c)->cur.qp_num; }
-uint32_t read_src_qp(ibv_cq_ex *c) { return cq_of(c)->cur.src_qp; }
-unsigned int read_wc_flags(ibv_cq_ex *c) { return cq_of(c)->cur.wc_flags; }
-uint32_t read_slid(ibv_cq_ex *c) { return cq_of(c)->cur.slid; }
-uint8_t read_sl(ibv_cq_ex *c) { return cq_of(c)->cur.sl; }
-uint8_t read_dlid_path_bits(ibv_cq_ex *c) { return cq_of(c)->cur.dlid_path_bits; }
+void end_poll(ibv_cq_ex *c) {
+  cq_of(c)->poll_mu.unlock();
+}
+ibv_wc_opcode read_opcode(ibv_cq_ex *c) {
+  return cq_of(c)->cur.opcode;
+}
+uint32_t read_vendor_err(ibv_cq_ex *c) {
+  return cq_of(c)->cur.vendor_err;
+}
+uint32_t read_byte_len(ibv_cq_ex *c) {
+  return cq_of(c)->cur.byte_len;
+}
+__be32 read_imm_data(ibv_cq_ex *c) {
+  return cq_of(c)->cur.imm_data;
+}
+uint32_t read_qp_num(ibv_cq_ex *c) {
+  return cq_of(c)->cur.qp_num;
+}
+uint32_t read_src_qp(ibv_cq_ex *c) {
+  return cq_of(c)->cur.src_qp;
+}
+unsigned int read_wc_flags(ibv_cq_ex *c) {
+  return cq_of(c)->cur.wc_flags;
+}
+uint32_t read_slid(ibv_cq_ex *c) {
+  return cq_of(c)->cur.slid;
+}
+uint8_t read_sl(ibv_cq_ex *c) {
+  return cq_of(c)->cur.sl;
+}
+uint8_t read_dlid_path_bits(ibv_cq_ex *c) {
+  return cq_of(c)->cur.dlid_path_bits;
+}
 
 }  // namespace
 

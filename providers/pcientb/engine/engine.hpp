@@ -141,6 +141,7 @@ struct Ah {
   ibv_ah ibv;
   Pd *pd;
   ibv_ah_attr attr;
+  std::atomic<fabric::Peer *> peer{nullptr};  // resolved on first use
 };
 
 struct Cq {
@@ -204,8 +205,8 @@ struct Qp {
   fabric::Peer *peer = nullptr;  // RC destination, from RTR
   uint64_t peer_nonce = 0;
 
-  std::mutex sq_mu;  // posting and executing sends
-  std::mutex rq_mu;  // posting receives
+  std::mutex sq_mu;             // posting and executing sends
+  std::mutex rq_mu;             // posting receives
   std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
   bool drain_notify = false;
 

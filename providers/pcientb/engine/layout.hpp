@@ -61,6 +61,13 @@ inline void ring_init(RingHeader *r, uint32_t capacity, uint32_t slot_size) {
   r->tail.store(0, std::memory_order_release);
 }
 
+// The smallest power of 2 that is at least n: a ring's capacity.
+inline uint32_t pow2_at_least(uint32_t n) {
+  uint32_t c = 1;
+  while (c < n) c <<= 1;
+  return c;
+}
+
 inline size_t ring_bytes(uint32_t capacity, uint32_t slot_size) {
   return sizeof(RingHeader) + size_t{capacity} * slot_size;
 }
@@ -182,7 +189,9 @@ struct MrShared {
 static_assert(sizeof(MrShared) == 56 || sizeof(MrShared) == 64);
 
 // The owner's virtual address of MR address a.
-inline uint64_t va_of(const MrShared &m, uint64_t a) { return m.va + (a - m.addr); }
+inline uint64_t va_of(const MrShared &m, uint64_t a) {
+  return m.va + (a - m.addr);
+}
 
 // --- queue pairs -----------------------------------------------------------------
 // qpn = gen << 12 | index; gen never 0, so QPNs 0 and 1 are never handed out.

@@ -82,8 +82,8 @@ Mr *reg_mr(Pd *pd, void *addr, size_t length, uint64_t iova, int access, int *er
 }
 
 int rereg_mr(Mr *mr, int flags, Pd *pd, void *addr, size_t length, int access) {
-  if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
-                IBV_REREG_MR_CHANGE_ACCESS))
+  if (flags &
+      ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS))
     return EINVAL;
   if ((flags & IBV_REREG_MR_CHANGE_ACCESS) && check_access(access)) return EINVAL;
   if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) return EINVAL;

@@ -8,20 +8,14 @@
 namespace pcientb::engine {
 namespace {
 
-uint32_t pow2_at_least(uint32_t n) {
-  uint32_t c = 1;
-  while (c < n) c <<= 1;
-  return c;
-}
-
 // Required and optional attributes of each transition (IBA 11.2.4.2, as the
 // kernel's ib_modify_qp_is_ok has them), for RC and UD.
 struct Rule {
   bool allowed;
   int req_rc, opt_rc, req_ud, opt_ud;
 };
-constexpr int kRcPath = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
-                        IBV_QP_PATH_MIG_STATE;
+constexpr int kRcPath =
+    IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE;
 constexpr int N = IBV_QPS_ERR + 1;
 struct RuleTable {
   Rule at[N][N]{};
@@ -40,8 +34,8 @@ constexpr RuleTable make_rules() {
   set(IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0,
       IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
   set(IBV_QPS_INIT, IBV_QPS_RTR,
-      IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+      IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+          IBV_QP_MIN_RNR_TIMER,
       IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX, 0,
       IBV_QP_PKEY_INDEX | IBV_QP_QKEY);
   set(IBV_QPS_RTR, IBV_QPS_RTS,

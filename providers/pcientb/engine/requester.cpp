@@ -12,10 +12,10 @@ namespace pcientb::engine {
 namespace {
 
 // IB min_rnr_timer codes, in microseconds.
-constexpr uint32_t kRnrTimerUs[32] = {
-    655360, 10,    20,    30,    40,    60,    80,     120,    160,    240,   320,
-    480,    640,   960,   1280,  1920,  2560,  3840,   5120,   7680,   10240, 15360,
-    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                      160,    240,   320,   480,    640,    960,    1280,   1920,
+                                      2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                      40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 uint64_t transport_timeout_ns(uint8_t timeout) {
   // 4.096 us * 2^timeout; 0 means infinite, retried every second.
@@ -36,6 +36,17 @@ bool is_atomic(ibv_wr_opcode op) {
   return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
+// Whether the peer still lives. The progress thread hears of a death at once;
+// between its rounds a sender asks the fabric itself, at most every 1 ms.
+bool alive(fabric::Fabric &fab, fabric::Peer &peer) {
+  if (peer.dead()) return false;
+  uint64_t now = now_ns();
+  uint64_t last = peer.checked_ns.load(std::memory_order_relaxed);
+  if (now - last < 1000000) return true;
+  peer.checked_ns.store(now, std::memory_order_relaxed);
+  return fab.check_alive(peer);
+}
+
 enum class Outcome { done, rnr, no_ack };
 struct Result {
   Outcome outcome;
@@ -43,7 +54,9 @@ struct Result {
   uint32_t byte_len;
   uint8_t rnr_timer;
 };
-Result done(ibv_wc_status s, uint32_t len = 0) { return {Outcome::done, s, len, 0}; }
+Result done(ibv_wc_status s, uint32_t len = 0) {
+  return {Outcome::done, s, len, 0};
+}
 
 uint64_t total_length(const SendWqe &w) {
   uint64_t n = 0;
@@ -105,9 +118,13 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
   fabric::Fabric &fab = qp->ctx->node->fab();
   Ah *ah = w.ah;
   if (len > kMtu) return done(IBV_WC_LOC_LEN_ERR);
-  fabric::Peer *peer = fab.peer(ah->attr.dlid);
+  fabric::Peer *peer = ah->peer.load(std::memory_order_acquire);
+  if (!peer || peer->dead()) {
+    peer = fab.peer(ah->attr.dlid);
+    ah->peer.store(peer, std::memory_order_release);
+  }
   // Unreliable datagrams to nobody, or to a QP that is not there, are lost.
-  if (!peer || peer->dead()) return done(IBV_WC_SUCCESS);
+  if (!peer || !alive(fab, *peer)) return done(IBV_WC_SUCCESS);
   QpShared *t = &static_cast<AreaRoot *>(peer->area())->qps[w.remote_qpn & (kMaxQps - 1)];
   uint32_t st = t->state.load(std::memory_order_acquire);
   uint32_t qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
@@ -154,7 +171,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     qp->peer_nonce = peer->nonce();
     qp->ctx->node->watch(peer);
   }
-  if (peer->dead()) return done(IBV_WC_RETRY_EXC_ERR);
+  if (!alive(fab, *peer)) return done(IBV_WC_RETRY_EXC_ERR);
   auto *root = static_cast<AreaRoot *>(peer->area());
   uint32_t dqpn = qp->attr.dest_qp_num;
   QpShared *t = &root->qps[dqpn & (kMaxQps - 1)];
@@ -170,9 +187,9 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     return (t->access & need) && mr_check(root, w.rkey, true, t->pd, need, w.remote_addr, n, &mr);
   };
   auto moved = [&](fabric::MoveStatus s) {
-    return s == fabric::MoveStatus::ok           ? IBV_WC_SUCCESS
+    return s == fabric::MoveStatus::ok          ? IBV_WC_SUCCESS
            : s == fabric::MoveStatus::peer_dead ? IBV_WC_RETRY_EXC_ERR
-                                                 : IBV_WC_REM_ACCESS_ERR;
+                                                : IBV_WC_REM_ACCESS_ERR;
   };
 
   switch (w.opcode) {
@@ -180,8 +197,8 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       if (len && !remote_ok(IBV_ACCESS_REMOTE_READ, len)) return done(IBV_WC_REM_ACCESS_ERR);
       uint64_t off = 0;
       for (uint32_t i = 0; i < src.n; ++i) {
-        auto s = fab.read(*peer, mr.window, va_of(mr, w.remote_addr + off), const_cast<uint8_t *>(src.ptr[i]),
-                          src.len[i]);
+        auto s = fab.read(*peer, mr.window, va_of(mr, w.remote_addr + off),
+                          const_cast<uint8_t *>(src.ptr[i]), src.len[i]);
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
@@ -195,7 +212,8 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       uint64_t old = 0;
       auto op = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? fabric::AtomicOp::cmp_swap
                                                       : fabric::AtomicOp::fetch_add;
-      auto s = fab.atomic(*peer, mr.window, va_of(mr, w.remote_addr), op, w.compare_add, w.swap, &old);
+      auto s =
+          fab.atomic(*peer, mr.window, va_of(mr, w.remote_addr), op, w.compare_add, w.swap, &old);
       if (s != fabric::MoveStatus::ok) return done(moved(s));
       memcpy(const_cast<uint8_t *>(src.ptr[0]), &old, 8);
       return done(IBV_WC_SUCCESS, 8);
@@ -210,7 +228,8 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
       uint64_t off = 0;
       for (uint32_t i = 0; i < src.n; ++i) {
-        auto s = fab.write(*peer, mr.window, va_of(mr, w.remote_addr + off), src.ptr[i], src.len[i]);
+        auto s =
+            fab.write(*peer, mr.window, va_of(mr, w.remote_addr + off), src.ptr[i], src.len[i]);
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
@@ -252,8 +271,7 @@ Result execute(Qp *qp, const SendWqe &w) {
   if (s != IBV_WC_SUCCESS) return done(s);
   uint64_t len = total_length(w);
   if (len > (1ull << 31)) return done(IBV_WC_LOC_LEN_ERR);
-  return qp->ibv->qp_type == IBV_QPT_UD ? execute_ud(qp, w, src, len)
-                                        : execute_rc(qp, w, src, len);
+  return qp->ibv->qp_type == IBV_QPT_UD ? execute_ud(qp, w, src, len) : execute_rc(qp, w, src, len);
 }
 
 void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len) {

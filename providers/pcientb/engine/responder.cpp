@@ -24,8 +24,7 @@ Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd) {
 
 void rq_reset(RqShared *rq) {
   uint32_t capacity = rq->ring.mask + 1;
-  memset(reinterpret_cast<uint8_t *>(&rq->ring + 1), 0,
-         size_t{capacity} * rq->ring.slot_size);
+  memset(reinterpret_cast<uint8_t *>(&rq->ring + 1), 0, size_t{capacity} * rq->ring.slot_size);
   ring_init(&rq->ring, capacity, rq->ring.slot_size);
 }
 
@@ -70,8 +69,8 @@ bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *o
 
 // ---- memory checks -------------------------------------------------------------
 
-bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need,
-              uint64_t addr, uint64_t len, MrShared *out) {
+bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need, uint64_t addr,
+              uint64_t len, MrShared *out) {
   if (remote != ((key & kRkeyBit) != 0)) return false;
   uint32_t want = key & ~kRkeyBit;
   uint32_t idx = want >> 8;
@@ -99,8 +98,8 @@ ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, u
   uint64_t room = 0;
   for (uint32_t i = 0; i < r.num_sge; ++i) {
     const ibv_sge &g = r.sge[i];
-    if (g.length && !mr_check(root, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length,
-                              &mrs[i]))
+    if (g.length &&
+        !mr_check(root, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length, &mrs[i]))
       return IBV_WC_LOC_PROT_ERR;
     room += g.length;
   }

@@ -32,8 +32,8 @@ void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target);
 
 // Whether key names a live MR of `pd` in `root` that grants `need` over
 // [addr, addr+len); copies the entry to *out.
-bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need,
-              uint64_t addr, uint64_t len, MrShared *out);
+bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need, uint64_t addr,
+              uint64_t len, MrShared *out);
 
 // Places `len` bytes from src into the receive r of `peer`, after `skip`
 // bytes (the GRH of UD). Returns the responder's status.

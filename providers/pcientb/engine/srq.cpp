@@ -1,5 +1,6 @@
 // Shared receive queues: one receive queue that several QPs draw from; the
 // limit event is raised by whichever node takes it below the limit.
+#include <algorithm>
 #include <cerrno>
 
 #include "engine/responder.hpp"
@@ -18,8 +19,7 @@ Srq *create_srq(Pd *pd, ibv_srq_init_attr *a, int *err) {
     return nullptr;
   }
   Node &node = *pd->ctx->node;
-  uint32_t capacity = kMinSrqCapacity;
-  while (capacity < s.max_wr + 1) capacity <<= 1;
+  uint32_t capacity = pow2_at_least(std::max(s.max_wr + 1, kMinSrqCapacity));
   Off off = rq_create(node, capacity, s.max_sge, pd->id);
   if (!off) {
     *err = ENOMEM;

@@ -34,6 +34,8 @@ class Peer {
   // Cheap; set once the fabric has seen the peer die.
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   void mark_dead() { dead_.store(true, std::memory_order_release); }
+  // When the engine last asked the fabric whether the peer lives (ns).
+  std::atomic<uint64_t> checked_ns{0};
 
  protected:
   uint16_t lid_ = 0;
@@ -72,8 +74,7 @@ class Fabric {
 
   // One-sided movement between local memory and [raddr, raddr+len) of a
   // peer's window. Bounds and rights are the engine's to check beforehand.
-  virtual MoveStatus write(Peer &peer, WindowId w, uint64_t raddr, const void *src,
-                           size_t len) = 0;
+  virtual MoveStatus write(Peer &peer, WindowId w, uint64_t raddr, const void *src, size_t len) = 0;
   virtual MoveStatus read(Peer &peer, WindowId w, uint64_t raddr, void *dst, size_t len) = 0;
   virtual MoveStatus atomic(Peer &peer, WindowId w, uint64_t raddr, AtomicOp op, uint64_t a,
                             uint64_t b, uint64_t *old) = 0;

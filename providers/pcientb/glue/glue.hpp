@@ -16,7 +16,9 @@ struct GlueQp {
   int batch_err;
 };
 
-inline GlueQp *glue_qp(ibv_qp *qp) { return reinterpret_cast<GlueQp *>(qp); }
+inline GlueQp *glue_qp(ibv_qp *qp) {
+  return reinterpret_cast<GlueQp *>(qp);
+}
 
 constexpr uint64_t kSupportedSendOps =
     IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |

@@ -10,7 +10,9 @@ namespace {
 
 using engine::SendWqe;
 
-GlueQp *of(ibv_qp_ex *q) { return reinterpret_cast<GlueQp *>(q); }
+GlueQp *of(ibv_qp_ex *q) {
+  return reinterpret_cast<GlueQp *>(q);
+}
 
 SendWqe *current(ibv_qp_ex *q) {
   GlueQp *g = of(q);
@@ -71,7 +73,9 @@ void wr_abort(ibv_qp_ex *q) {
   if (of(q)->batch) of(q)->batch->clear();
 }
 
-void wr_send(ibv_qp_ex *q) { begin(q, IBV_WR_SEND); }
+void wr_send(ibv_qp_ex *q) {
+  begin(q, IBV_WR_SEND);
+}
 void wr_send_imm(ibv_qp_ex *q, __be32 imm) {
   if (SendWqe *w = begin(q, IBV_WR_SEND_WITH_IMM)) w->imm = imm;
 }

@@ -50,8 +50,7 @@ struct verbs_device_ops {
   const struct verbs_match_ent *match_table;
   const struct verbs_device_ops **static_providers;
   bool (*match_device)(struct verbs_sysfs_dev *sysfs_dev);
-  struct verbs_context *(*alloc_context)(struct ibv_device *device, int cmd_fd,
-                                         void *private_data);
+  struct verbs_context *(*alloc_context)(struct ibv_device *device, int cmd_fd, void *private_data);
   struct verbs_context *(*import_context)(struct ibv_device *device, int cmd_fd);
   struct verbs_device *(*alloc_device)(struct verbs_sysfs_dev *sysfs_dev);
   void (*uninit_device)(struct verbs_device *device);
@@ -139,8 +138,7 @@ struct verbs_context_ops {
   int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
   abi_unused_op post_srq_ops;
   int (*post_srq_recv)(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
-  int (*query_device_ex)(struct ibv_context *context,
-                         const struct ibv_query_device_ex_input *input,
+  int (*query_device_ex)(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
                          struct ibv_device_attr_ex *attr, size_t attr_size);
   abi_unused_op query_ece;
   int (*query_port)(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *attr);
@@ -152,8 +150,8 @@ struct verbs_context_ops {
   struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, uint64_t hca_va,
                            int access);
   int (*req_notify_cq)(struct ibv_cq *cq, int solicited_only);
-  int (*rereg_mr)(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr,
-                  size_t length, int access);
+  int (*rereg_mr)(struct verbs_mr *vmr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                  int access);
   int (*resize_cq)(struct ibv_cq *cq, int cqe);
   abi_unused_op set_ece, unimport_dm, unimport_mr, unimport_pd;
 };

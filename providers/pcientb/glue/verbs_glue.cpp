@@ -75,7 +75,9 @@ ibv_pd *alloc_pd(ibv_context *c) {
   return or_errno(pd ? &pd->ibv : nullptr, err);
 }
 
-int dealloc_pd(ibv_pd *pd) { return engine::dealloc_pd(from_ibv<Pd>(pd)); }
+int dealloc_pd(ibv_pd *pd) {
+  return engine::dealloc_pd(from_ibv<Pd>(pd));
+}
 
 void fill_mr(GlueMr *g) {
   ibv_mr &m = g->vmr.ibv_mr;
@@ -128,7 +130,9 @@ ibv_ah *create_ah(ibv_pd *pd, ibv_ah_attr *attr) {
   return or_errno(ah ? &ah->ibv : nullptr, err);
 }
 
-int destroy_ah(ibv_ah *ah) { return engine::destroy_ah(from_ibv<Ah>(ah)); }
+int destroy_ah(ibv_ah *ah) {
+  return engine::destroy_ah(from_ibv<Ah>(ah));
+}
 
 // ---- CQ -----------------------------------------------------------------------
 
@@ -158,8 +162,12 @@ ibv_cq_ex *create_cq_ex(ibv_context *c, ibv_cq_init_attr_ex *attr) {
                           static_cast<int>(attr->comp_vector), attr);
 }
 
-int destroy_cq(ibv_cq *cq) { return engine::destroy_cq(from_ibv<Cq>(cq)); }
-int resize_cq(ibv_cq *cq, int cqe) { return engine::resize_cq(from_ibv<Cq>(cq), cqe); }
+int destroy_cq(ibv_cq *cq) {
+  return engine::destroy_cq(from_ibv<Cq>(cq));
+}
+int resize_cq(ibv_cq *cq, int cqe) {
+  return engine::resize_cq(from_ibv<Cq>(cq), cqe);
+}
 void cq_event(ibv_cq *) {}
 
 // ---- SRQ ----------------------------------------------------------------------
@@ -176,7 +184,9 @@ int modify_srq(ibv_srq *srq, ibv_srq_attr *attr, int mask) {
 int query_srq(ibv_srq *srq, ibv_srq_attr *attr) {
   return engine::query_srq(from_ibv<Srq>(srq), attr);
 }
-int destroy_srq(ibv_srq *srq) { return engine::destroy_srq(from_ibv<Srq>(srq)); }
+int destroy_srq(ibv_srq *srq) {
+  return engine::destroy_srq(from_ibv<Srq>(srq));
+}
 
 // ---- QP -------------------------------------------------------------------------
 
@@ -255,7 +265,9 @@ int post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
 int post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   return engine::post_srq_recv(from_ibv<Srq>(srq), wr, bad);
 }
-int poll_cq(ibv_cq *cq, int n, ibv_wc *wc) { return engine::poll_cq(from_ibv<Cq>(cq), n, wc); }
+int poll_cq(ibv_cq *cq, int n, ibv_wc *wc) {
+  return engine::poll_cq(from_ibv<Cq>(cq), n, wc);
+}
 int req_notify_cq(ibv_cq *cq, int solicited_only) {
   return engine::req_notify_cq(from_ibv<Cq>(cq), solicited_only != 0);
 }
@@ -329,7 +341,9 @@ verbs_context *alloc_context(ibv_device *dev, int cmd_fd, void *) {
 
 // ---- devices and registration ---------------------------------------------------
 
-void uninit_device(verbs_device *dev) { free(dev); }
+void uninit_device(verbs_device *dev) {
+  free(dev);
+}
 
 // Devices come from pcientb_emu_device_list(), never from sysfs: nothing in
 // sysfs matches this table.
@@ -348,9 +362,13 @@ const verbs_device_ops kDeviceOps = {
     .uninit_device = uninit_device,
 };
 
-verbs_device *as_verbs(ibv_device *d) { return reinterpret_cast<verbs_device *>(d); }
+verbs_device *as_verbs(ibv_device *d) {
+  return reinterpret_cast<verbs_device *>(d);
+}
 
-__attribute__((constructor)) void register_driver() { verbs_register_driver_34(&kDeviceOps); }
+__attribute__((constructor)) void register_driver() {
+  verbs_register_driver_34(&kDeviceOps);
+}
 
 }  // namespace
 }  // namespace pcientb::glue
@@ -436,4 +454,6 @@ PCIENTB_EXPORT __be64 pcientb_device_guid(ibv_device *) {
   return htobe64(pcientb::fabric::emu_node_guid());
 }
 
-PCIENTB_EXPORT int pcientb_device_index(ibv_device *) { return 0; }
+PCIENTB_EXPORT int pcientb_device_index(ibv_device *) {
+  return 0;
+}

@@ -98,7 +98,9 @@ struct SegHeader {
 constexpr size_t kHeaderSize = (sizeof(SegHeader) + kPage - 1) & ~(kPage - 1);
 constexpr size_t kSegSize = kHeaderSize + kAreaSize;
 
-int sys_pidfd_open(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+int sys_pidfd_open(pid_t pid) {
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+}
 int sys_pidfd_getfd(int pidfd, int fd) {
   return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
 }
@@ -136,7 +138,7 @@ uint64_t random_nonce() {
 }
 
 uint64_t fd_ino(int fd) {
-  struct stat st{};
+  struct stat st {};
   return fstat(fd, &st) == 0 ? st.st_ino : 0;
 }
 
@@ -275,7 +277,7 @@ int EmuFabric::join(const char *name) {
   std::string path = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + name_;
   table_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (table_fd_ < 0) return errno;
-  struct stat st{};
+  struct stat st {};
   if (fstat(table_fd_, &st) || st.st_uid != getuid() || (st.st_mode & 077)) {
     fprintf(stderr, "pcientb: %s is not private to this user; refusing it\n", path.c_str());
     return EACCES;
@@ -442,7 +444,8 @@ Peer *EmuFabric::peer(uint16_t lid) {
   auto &slot_peer = peers_[lid];
   if (slot_peer) {
     // A node that died may have been replaced by a new one with the same LID.
-    if (!slot_peer->dead() || table_->slots[lid - 1].nonce == slot_peer->nonce()) return slot_peer.get();
+    if (!slot_peer->dead() || table_->slots[lid - 1].nonce == slot_peer->nonce())
+      return slot_peer.get();
     retired_.push_back(std::move(slot_peer));
   }
   auto p = std::make_unique<EmuPeer>(this, lid);
@@ -460,7 +463,9 @@ bool EmuFabric::check_alive(Peer &pp) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (p.dead()) return false;
   if (p.self) return true;
-  struct pollfd pfd{p.pidfd, POLLIN, 0};
+  struct pollfd pfd {
+    p.pidfd, POLLIN, 0
+  };
   if (poll(&pfd, 1, 0) == 1) {
     p.mark_dead();
     return false;
@@ -605,8 +610,7 @@ const WindowEntry *EmuFabric::window(EmuPeer &p, WindowId w, uint32_t *gen) {
   return *gen == w.gen ? &e : nullptr;
 }
 
-MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len,
-                                bool to_peer) {
+MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len, bool to_peer) {
   if (p.self) {
     if (to_peer)
       memmove(reinterpret_cast<void *>(raddr), local, len);
@@ -614,7 +618,9 @@ MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t 
       memmove(local, reinterpret_cast<void *>(raddr), len);
     return MoveStatus::ok;
   }
-  struct iovec l{local, len}, r{reinterpret_cast<void *>(raddr), len};
+  struct iovec l {
+    local, len
+  }, r{reinterpret_cast<void *>(raddr), len};
   ssize_t n = to_peer ? process_vm_writev(p.pid, &l, 1, &r, 1, 0)
                       : process_vm_readv(p.pid, &l, 1, &r, 1, 0);
   if (n == static_cast<ssize_t>(len)) return MoveStatus::ok;
@@ -673,8 +679,7 @@ MoveStatus EmuFabric::atomic(Peer &pp, WindowId w, uint64_t raddr, AtomicOp op, 
       *old = __atomic_fetch_add(target, a, __ATOMIC_SEQ_CST);
     } else {
       uint64_t expected = a;
-      __atomic_compare_exchange_n(target, &expected, b, false, __ATOMIC_SEQ_CST,
-                                  __ATOMIC_SEQ_CST);
+      __atomic_compare_exchange_n(target, &expected, b, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
       *old = expected;
     }
   };
