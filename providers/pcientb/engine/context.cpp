@@ -139,8 +139,29 @@ void Node::schedule(Qp *qp) {
   {
     std::lock_guard<std::mutex> g(prog_mu_);
     pending_.insert(qp);
+    next_due_ns_.store(1, std::memory_order_relaxed);  // due now
   }
   wake();
+}
+
+uint64_t Node::run_pending_locked() {
+  uint64_t next = 0;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    uint64_t t = progress_qp(*it);
+    if (t == 0) {
+      it = pending_.erase(it);
+    } else {
+      next = next ? std::min(next, t) : t;
+      ++it;
+    }
+  }
+  next_due_ns_.store(next, std::memory_order_relaxed);
+  return next;
+}
+
+void Node::run_due() {
+  std::unique_lock<std::mutex> g(prog_mu_, std::try_to_lock);
+  if (g.owns_lock()) run_pending_locked();
 }
 
 void Node::retire_qp(Qp *qp) {
@@ -189,15 +210,7 @@ void Node::progress_loop() {
     {
       std::lock_guard<std::mutex> g(prog_mu_);
       if (stop_) return;
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        uint64_t t = progress_qp(*it);
-        if (t == 0) {
-          it = pending_.erase(it);
-        } else {
-          next = next ? std::min(next, t) : t;
-          ++it;
-        }
-      }
+      next = run_pending_locked();
       for (fabric::Peer *p : watched_) {
         int fd = p->dead() ? -1 : fab_->death_fd(*p);
         if (fd < 0) continue;

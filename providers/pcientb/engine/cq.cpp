@@ -23,7 +23,9 @@ bool take(Cq *cq, ibv_wc *wc) {
   uint64_t pos;
   RingSlot *s = ring_take(&cq->sh->ring, &pos);
   if (!s) return false;
-  *wc = reinterpret_cast<CqSlot *>(s)->wc;
+  auto *slot = reinterpret_cast<CqSlot *>(s);
+  *wc = slot->wc;
+  if (slot->sq_ticket) cq->ctx->node->retire(slot->sq_ticket);
   ring_release(&cq->sh->ring, s, pos);
   return true;
 }
@@ -36,6 +38,7 @@ Cq *cq_of(ibv_cq_ex *c) {
 int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) {
   Cq *cq = cq_of(c);
   if (attr && attr->comp_mask) return EINVAL;
+  cq->ctx->node->poll_progress();
   cq->poll_mu.lock();
   if (!take(cq, &cq->cur)) {
     cq->poll_mu.unlock();
@@ -154,6 +157,7 @@ int destroy_cq(Cq *cq) {
 
 int poll_cq(Cq *cq, int n, ibv_wc *wc) {
   if (n < 0) return -EINVAL;
+  cq->ctx->node->poll_progress();
   std::lock_guard<std::mutex> g(cq->poll_mu);
   int i = 0;
   while (i < n && take(cq, &wc[i])) ++i;
@@ -186,12 +190,15 @@ int resize_cq(Cq *cq, int cqe) {
   sh->handle = cq->sh->handle;
   sh->armed.store(cq->sh->armed.load());
   ring_init(&sh->ring, capacity, kCqSlotSize);
-  ibv_wc wc;
-  while (take(cq, &wc)) {
+  uint64_t from;
+  while (RingSlot *old = ring_take(&cq->sh->ring, &from)) {
     uint64_t pos;
     RingSlot *s = ring_reserve(&sh->ring, &pos);
-    reinterpret_cast<CqSlot *>(s)->wc = wc;
+    auto *to = reinterpret_cast<CqSlot *>(s);
+    to->wc = reinterpret_cast<CqSlot *>(old)->wc;
+    to->sq_ticket = reinterpret_cast<CqSlot *>(old)->sq_ticket;
     ring_publish(&sh->ring, s, pos);
+    ring_release(&cq->sh->ring, old, from);
   }
   node.free(cq->off);
   cq->off = off;
@@ -202,7 +209,7 @@ int resize_cq(Cq *cq, int cqe) {
 }
 
 bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
-             bool solicited) {
+             bool solicited, uint64_t sq_ticket) {
   uint64_t pos;
   RingSlot *s = ring_reserve(&cq->ring, &pos);
   if (!s) {
@@ -213,6 +220,7 @@ bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_w
     return false;
   }
   reinterpret_cast<CqSlot *>(s)->wc = wc;
+  reinterpret_cast<CqSlot *>(s)->sq_ticket = sq_ticket;
   ring_publish(&cq->ring, s, pos);
   // Pairs with the seq_cst store in req_notify_cq: either the owner sees the
   // entry when it polls after arming, or we see the arm.

