@@ -1,0 +1,249 @@
+// Protection domains and memory regions: registration, keys, re-registration.
+#include "verbs_helpers.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pcientb::test {
+namespace {
+
+TEST(Pd, AllocAndDealloc) {
+  Node node;
+  ibv_pd *pd = ibv_alloc_pd(node.ctx.get());
+  ASSERT_NE(pd, nullptr) << std::strerror(errno);
+  EXPECT_EQ(pd->context, node.ctx.get());
+  EXPECT_EQ(0, ibv_dealloc_pd(pd));
+}
+
+TEST(Pd, DeallocWhileAnMrUsesItIsEbusy) {
+  Node node;
+  ibv_pd *pd = ibv_alloc_pd(node.ctx.get());
+  ASSERT_NE(pd, nullptr);
+  std::vector<uint8_t> bytes(4096);
+  ibv_mr *mr = ibv_reg_mr(pd, bytes.data(), bytes.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr) << std::strerror(errno);
+  EXPECT_EQ(EBUSY, ibv_dealloc_pd(pd));
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+  EXPECT_EQ(0, ibv_dealloc_pd(pd));
+}
+
+TEST(Pd, DeallocWhileAQpUsesItIsEbusy) {
+  Node node;
+  ibv_pd *pd = ibv_alloc_pd(node.ctx.get());
+  ASSERT_NE(pd, nullptr);
+  auto cq = create_cq(node.ctx.get());
+  ibv_qp_init_attr attr = rc_qp_attr(cq.get());
+  ibv_qp *qp = ibv_create_qp(pd, &attr);
+  ASSERT_NE(qp, nullptr) << std::strerror(errno);
+  EXPECT_EQ(EBUSY, ibv_dealloc_pd(pd));
+  EXPECT_EQ(0, ibv_destroy_qp(qp));
+  EXPECT_EQ(0, ibv_dealloc_pd(pd));
+}
+
+TEST(Mr, RegisterReportsItsRangeAndDistinctKeys) {
+  Node node;
+  std::vector<uint8_t> bytes(8192);
+  auto mr = reg_mr(node.pd.get(), bytes.data(), bytes.size(), kAllAccess);
+  EXPECT_EQ(mr->addr, bytes.data());
+  EXPECT_EQ(mr->length, bytes.size());
+  EXPECT_EQ(mr->pd, node.pd.get());
+  EXPECT_EQ(mr->context, node.ctx.get());
+  EXPECT_NE(mr->lkey, mr->rkey);
+}
+
+TEST(Mr, TwoRegistrationsOfOneBufferGetDifferentKeys) {
+  Node node;
+  std::vector<uint8_t> bytes(4096);
+  auto a = reg_mr(node.pd.get(), bytes.data(), bytes.size(), kAllAccess);
+  auto b = reg_mr(node.pd.get(), bytes.data(), bytes.size(), kAllAccess);
+  EXPECT_NE(a->lkey, b->lkey);
+  EXPECT_NE(a->rkey, b->rkey);
+}
+
+TEST(Mr, KeysOfAFreedMrAreNotReusedByTheNextRegistration) {
+  Node node;
+  std::vector<uint8_t> bytes(4096);
+  ibv_mr *first = ibv_reg_mr(node.pd.get(), bytes.data(), bytes.size(), kAllAccess);
+  ASSERT_NE(first, nullptr);
+  const uint32_t old_lkey = first->lkey, old_rkey = first->rkey;
+  ASSERT_EQ(0, ibv_dereg_mr(first));
+  auto next = reg_mr(node.pd.get(), bytes.data(), bytes.size(), kAllAccess);
+  EXPECT_NE(next->lkey, old_lkey);
+  EXPECT_NE(next->rkey, old_rkey);
+}
+
+TEST(Mr, RemoteWriteWithoutLocalWriteIsEinval) {
+  Node node;
+  std::vector<uint8_t> bytes(4096);
+  errno = 0;
+  ibv_mr *mr = ibv_reg_mr(node.pd.get(), bytes.data(), bytes.size(), IBV_ACCESS_REMOTE_WRITE);
+  EXPECT_EQ(mr, nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  if (mr) ibv_dereg_mr(mr);
+}
+
+TEST(Mr, RemoteAtomicWithoutLocalWriteIsEinval) {
+  Node node;
+  std::vector<uint8_t> bytes(4096);
+  errno = 0;
+  ibv_mr *mr = ibv_reg_mr(node.pd.get(), bytes.data(), bytes.size(),
+                          IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_REMOTE_READ);
+  EXPECT_EQ(mr, nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  if (mr) ibv_dereg_mr(mr);
+}
+
+TEST(Mr, ReadOnlyRegistrationSucceeds) {
+  Node node;
+  std::vector<uint8_t> bytes(4096);
+  auto mr = reg_mr(node.pd.get(), bytes.data(), bytes.size(), IBV_ACCESS_REMOTE_READ);
+  EXPECT_NE(mr, nullptr);
+}
+
+TEST(Mr, RereqChangeAccessWithRemoteWriteButNoLocalWriteIsRejected) {
+  Node node;
+  std::vector<uint8_t> bytes(4096);
+  auto mr = reg_mr(node.pd.get(), bytes.data(), bytes.size(), IBV_ACCESS_LOCAL_WRITE);
+  EXPECT_NE(0, ibv_rereg_mr(mr.get(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                            IBV_ACCESS_REMOTE_WRITE));
+}
+
+// The target takes REMOTE_WRITE away from a registered MR: RDMA READ still
+// works, an RDMA WRITE now fails and leaves the memory alone.
+TEST(Mr, RereqChangeAccessToReadOnlyMakesRemoteWritesFail) {
+  two_process(
+      [](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        fill_pattern(a.buf.span(0, 256), 1);
+        ASSERT_EQ(0, a.post_write(1, 0, 256, 0));
+        EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        ch.signal();  // the first write is in; re-register read-only
+        auto rkey = ch.recv<uint32_t>();
+        ASSERT_EQ(0, SendWr(IBV_WR_RDMA_READ, 2)
+                         .sge(a.sge(4096, 256))
+                         .remote(a.raddr(0), rkey)
+                         .post(a.qp()));
+        ibv_wc wc = a.wait_wc();
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        EXPECT_TRUE(has_pattern(a.buf.span(4096, 256), 1));
+        fill_pattern(a.buf.span(0, 256), 2);
+        ASSERT_EQ(
+            0,
+            SendWr(IBV_WR_RDMA_WRITE, 3).sge(a.sge(0, 256)).remote(a.raddr(0), rkey).post(a.qp()));
+        wc = a.wait_wc();
+        EXPECT_EQ(wc.wr_id, 3u);
+        EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR);
+        ch.signal();
+      },
+      [](Channel &ch) {
+        RcEnd b;
+        b.connect(ch);
+        ch.wait();
+        ASSERT_EQ(0, ibv_rereg_mr(b.buf.mr.get(), IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+        ch.send(b.buf.mr->rkey);
+        ch.wait();
+        EXPECT_TRUE(has_pattern(b.buf.span(0, 256), 1)) << "the refused write changed memory";
+      });
+}
+
+// The target moves its MR to another buffer: the peer's writes (with the MR's
+// rkey after re-registration) land in the new buffer; the old range is no
+// longer reachable.
+TEST(Mr, RereqChangeTranslationMovesRemoteWritesToTheNewBuffer) {
+  two_process(
+      [](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        auto moved = ch.recv<Endpoint>();
+        fill_pattern(a.buf.span(0, 1024), 3);
+        ASSERT_EQ(0, SendWr(IBV_WR_RDMA_WRITE, 1)
+                         .sge(a.sge(0, 1024))
+                         .remote(moved.addr + 100, moved.rkey)
+                         .post(a.qp()));
+        EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        ch.barrier();  // the target checked the new buffer
+        ASSERT_EQ(0, SendWr(IBV_WR_RDMA_WRITE, 2)
+                         .sge(a.sge(0, 64))
+                         .remote(a.raddr(0), moved.rkey)
+                         .post(a.qp()));
+        EXPECT_EQ(a.wait_wc().status, IBV_WC_REM_ACCESS_ERR) << "the old range is still reachable";
+        ch.signal();
+      },
+      [](Channel &ch) {
+        RcEnd b;
+        b.connect(ch);
+        std::vector<uint8_t> other(b.buf.bytes.size(), 0);
+        ASSERT_EQ(0, ibv_rereg_mr(b.buf.mr.get(), IBV_REREG_MR_CHANGE_TRANSLATION, nullptr,
+                                  other.data(), other.size(), 0));
+        EXPECT_EQ(b.buf.mr->addr, other.data());
+        EXPECT_EQ(b.buf.mr->length, other.size());
+        Endpoint moved = b.local();
+        moved.addr = reinterpret_cast<uintptr_t>(other.data());
+        moved.rkey = b.buf.mr->rkey;
+        ch.send(moved);
+        ch.wait();
+        EXPECT_TRUE(has_pattern({other.data() + 100, 1024}, 3));
+        EXPECT_TRUE(all_bytes_are(b.buf.span(0, b.buf.bytes.size()), 0))
+            << "the old buffer was written";
+        ch.signal();
+        ch.wait();
+        EXPECT_TRUE(all_bytes_are(b.buf.span(0, b.buf.bytes.size()), 0))
+            << "the old buffer was written";
+        // `other` must outlive the MR that now covers it.
+        b.buf.mr.reset();
+      });
+}
+
+TEST(Mr, RemoteWriteToADeregisteredMrFailsWithRemAccessErr) {
+  two_process(
+      [](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        ch.wait();  // the target deregistered its MR
+        ASSERT_EQ(0, a.post_write(1, 0, 64, 0));
+        EXPECT_EQ(a.wait_wc().status, IBV_WC_REM_ACCESS_ERR);
+        ch.signal();
+      },
+      [](Channel &ch) {
+        RcEnd b;
+        b.connect(ch);
+        b.buf.mr.reset();
+        ch.signal();
+        ch.wait();
+        EXPECT_TRUE(all_bytes_are(b.buf.span(0, 64), 0));
+      });
+}
+
+// ---- fork ---------------------------------------------------------------------
+
+// A child forked after a registration gets a private copy of the memory, as
+// with any HCA (without ibv_fork_init): what the child writes there, in the
+// MR or next to it, never shows in the parent.
+void expect_child_writes_stay_private(bool deregister_before_fork) {
+  Node node;
+  std::vector<uint8_t> bytes(64 * 1024 + 200, 0x11);
+  MrPtr mr = reg_mr(node.pd.get(), bytes.data() + 100, 64 * 1024, kAllAccess);
+  if (deregister_before_fork) mr.reset();
+  two_process(
+      [&](Channel &ch) {
+        ch.wait();
+        EXPECT_TRUE(all_bytes_are(bytes, 0x11)) << "the child's writes reached the parent";
+      },
+      [&](Channel &ch) {
+        std::fill(bytes.begin(), bytes.end(), 0x22);
+        ch.signal();
+      });
+}
+
+TEST(MrFork, RegisteredMemoryIsNotSharedWithAForkedChild) {
+  expect_child_writes_stay_private(false);
+}
+
+TEST(MrFork, MemoryOfADeregisteredMrIsNotSharedWithAForkedChild) {
+  expect_child_writes_stay_private(true);
+}
+
+}  // namespace
+}  // namespace pcientb::test
