@@ -163,6 +163,7 @@ TEST(CqEvent, NoEventWithoutRequestNotify) {
         ch.signal();
         EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
         EXPECT_EQ(wait_cq_event(a.rc.channel.get(), 300ms), nullptr);
+        ch.signal();
       },
       [](Channel &ch) {
         RcEnd b;
@@ -170,6 +171,7 @@ TEST(CqEvent, NoEventWithoutRequestNotify) {
         ch.wait();
         ASSERT_EQ(0, b.post_send(1, 0, 64));
         EXPECT_EQ(b.wait_wc().status, IBV_WC_SUCCESS);
+        ch.wait();
       });
 }
 

@@ -211,6 +211,7 @@ TEST(Rnr, InfiniteRetryCompletesOnceThePeerPostsAReceive) {
         ibv_wc wc = a.wait_wc();
         EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
         EXPECT_EQ(query_state(a.qp()), IBV_QPS_RTS);
+        ch.signal();
       },
       [](Channel &ch) {
         RcEnd b;
@@ -221,6 +222,7 @@ TEST(Rnr, InfiniteRetryCompletesOnceThePeerPostsAReceive) {
         EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
         EXPECT_EQ(wc.byte_len, 2048u);
         EXPECT_TRUE(has_pattern(b.buf.span(0, 2048), 2));
+        ch.wait();  // the QP stays until the requester has checked its state
       });
 }
 
@@ -404,6 +406,29 @@ TEST(PeerDeath, WorkPostedAfterThePeerWasKilledFails) {
         RcEnd b(short_timeouts());
         b.connect(ch);
         ch.wait();
+      });
+}
+
+// The peer closes its QP and device in an orderly way (and exits): the next
+// WRs fail as with a death, nothing hangs.
+TEST(PeerDeath, WorkPostedAfterThePeerClosedItsQpFails) {
+  two_process(
+      [](Channel &ch) {
+        RcEnd a(short_timeouts());
+        a.connect(ch);
+        ch.wait();  // the peer is closing
+        std::this_thread::sleep_for(200ms);
+        ASSERT_EQ(0, a.post_send(1, 0, 64));
+        ASSERT_EQ(0, a.post_write(2, 0, 64, 0));
+        auto wcs = wait_wcs(a.cq(), 2);
+        expect_peer_death_reported(wcs, a);
+      },
+      [](Channel &ch) {
+        {
+          RcEnd b(short_timeouts());
+          b.connect(ch);
+        }
+        ch.signal();
       });
 }
 
