@@ -12,6 +12,7 @@
 //   file mappings, read-only) is reached with process_vm_readv/writev.
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -169,6 +170,46 @@ bool remappable(uint64_t a, uint64_t b) {
   return ok && covered >= b;
 }
 
+// Registration moves memory onto shared memfd pages. A forked child must
+// still get its own copy of that memory, as of any private memory: in the
+// child, every such range becomes private again. Raw system calls only, as
+// in any fork handler of a threaded process.
+void privatize_after_fork() {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  static char buf[1 << 16];
+  size_t have = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, buf + have, sizeof buf - 1 - have);
+    if (n <= 0) break;
+    have += static_cast<size_t>(n);
+    buf[have] = 0;
+    char *line = buf;
+    char *nl;
+    while ((nl = strchr(line, '\n'))) {
+      *nl = 0;
+      unsigned long lo = 0, hi = 0;
+      if (strstr(line, "/memfd:pcientb-mr") && sscanf(line, "%lx-%lx", &lo, &hi) == 2) {
+        size_t len = hi - lo;
+        void *tmp = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (tmp != MAP_FAILED) {
+          struct iovec to {
+            tmp, len
+          }, from{reinterpret_cast<void *>(lo), len};
+          if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len))
+            mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(lo));
+          else
+            munmap(tmp, len);
+        }
+      }
+      line = nl + 1;
+    }
+    have = strlen(line);
+    memmove(buf, line, have);
+  }
+  close(fd);
+}
+
 class EmuFabric;
 
 class EmuPeer final : public Peer {
@@ -273,6 +314,8 @@ int EmuFabric::join(const char *name) {
   if (name_.empty() || name_.size() > 64) return EINVAL;
   // Peers reach our memory with pidfd_getfd/process_vm_*: allow them under Yama.
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  static std::once_flag fork_handler;
+  std::call_once(fork_handler, [] { pthread_atfork(nullptr, nullptr, privatize_after_fork); });
 
   std::string path = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + name_;
   table_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
