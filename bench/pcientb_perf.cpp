@@ -5,6 +5,7 @@
 // stdout, progress on stderr, and writes the table as CSV (bench/plot.py draws it).
 
 #include <getopt.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -153,18 +154,39 @@ class Peer {
   std::unique_ptr<RdmaPair> pair_;
 };
 
-void print_table(FILE *f, const std::vector<Row> &rows, double pingpong) {
+// The 1-minute load average and the number of CPUs: both sides of every measurement spin, so
+// other work on the machine shows up as inflated latencies.
+std::string machine_load() {
+  double load = -1;
+  if (FILE *f = fopen("/proc/loadavg", "r")) {
+    if (fscanf(f, "%lf", &load) != 1) load = -1;
+    fclose(f);
+  }
+  char b[96];
+  snprintf(b, sizeof b, "load average %.2f on %ld CPUs", load, sysconf(_SC_NPROCESSORS_ONLN));
+  return b;
+}
+
+// What the table says about the run itself: the ping-pong reference is measured before and after
+// the sizes, and the smaller (less disturbed) half round trip is the one the ratios use.
+struct RunInfo {
+  double pingpong_start = kNaN, pingpong_end = kNaN;
+  std::string load_start, load_end;
+  double pingpong() const { return std::fmin(pingpong_start, pingpong_end); }
+};
+
+void print_table(FILE *f, const std::vector<Row> &rows, const RunInfo &run) {
+  const double pingpong = run.pingpong();
+  fprintf(f, "pcientb-perf: RDMA over the emulated NTB fabric (pcientb0) between two processes\n");
+  fprintf(f, "reference latency: shared-memory ping-pong half round trip %.3f us ", pingpong * 1e6);
+  fprintf(f, "(%.3f before, %.3f after the sizes)\n", run.pingpong_start * 1e6,
+          run.pingpong_end * 1e6);
+  fprintf(f, "machine: %s before, %s after\n", run.load_start.c_str(), run.load_end.c_str());
+  fprintf(f, "bandwidth in MB/s (10^6 B/s); x = ratio to memcpy of the same size, same run\n");
   fprintf(f,
-          "pcientb-perf: RDMA over the emulated NTB fabric (pcientb0), two processes, references "
-          "from the same "
-          "run\n");
-  fprintf(f, "shared-memory ping-pong half round trip: %.3f us\n", pingpong * 1e6);
+          "latency in us: WRITE and SEND one-way (half a ping-pong round trip, as ib_write_lat\n");
   fprintf(f,
-          "bandwidth in MB/s (10^6 B/s), x = ratio to memcpy of the same size; latency in us: "
-          "WRITE and SEND "
-          "one-way\n(half a ping-pong round trip), READ the whole operation; /pp = ratio to the "
-          "ping-pong half "
-          "round trip\n\n");
+          "and ib_send_lat), READ the whole operation; /pp = ratio to the ping-pong reference\n\n");
   fprintf(f, "%9s %11s %11s %11s %11s %7s %7s %7s %9s %9s %9s %8s %8s\n", "size", "WRITE MB/s",
           "READ MB/s", "SEND MB/s", "memcpy MB/s", "WRITE x", "READ x", "SEND x", "WRITE us",
           "READ us", "SEND us", "WRITE/pp", "SEND/pp");
@@ -180,10 +202,11 @@ bool write_csv(const std::string &path, const std::vector<Row> &rows, double pin
   FILE *f = fopen(path.c_str(), "w");
   if (!f) return false;
   fprintf(f,
-          "size_bytes,write_MBps,read_MBps,send_MBps,memcpy_MBps,write_x_memcpy,read_x_memcpy,send_"
-          "x_memcpy,"
-          "write_lat_us,read_lat_us,send_lat_us,pingpong_half_rtt_us,write_lat_x_pingpong,send_lat_"
-          "x_pingpong\n");
+          "size_bytes,"
+          "write_MBps,read_MBps,send_MBps,memcpy_MBps,"
+          "write_x_memcpy,read_x_memcpy,send_x_memcpy,"
+          "write_lat_us,read_lat_us,send_lat_us,pingpong_half_rtt_us,"
+          "write_lat_x_pingpong,send_lat_x_pingpong\n");
   for (const Row &r : rows)
     fprintf(f, "%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f\n", r.size,
             r.bw[0] / 1e6, r.bw[1] / 1e6, r.bw[2] / 1e6, r.memcpy_bw / 1e6, r.bw[0] / r.memcpy_bw,
@@ -272,17 +295,19 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, &o)) return 2;
   pcientb::bench::use_private_fabric("pcientb-perf");
   const double start = now_s();
-  fprintf(stderr, "pcientb-perf: fabric %s, sizes 1 B .. %s\n", getenv("PCIENTB_FABRIC"),
-          size_str(o.max_size).c_str());
+  RunInfo run;
+  run.load_start = machine_load();
+  fprintf(stderr, "pcientb-perf: fabric %s, sizes 1 B .. %s, %s\n", getenv("PCIENTB_FABRIC"),
+          size_str(o.max_size).c_str(), run.load_start.c_str());
 
   std::string err;
   fprintf(stderr, "reference: shared-memory ping-pong between two processes ...\n");
-  const double pingpong = measure_pingpong(o, &err);
-  if (std::isnan(pingpong)) {
+  run.pingpong_start = measure_pingpong(o, &err);
+  if (std::isnan(run.pingpong_start)) {
     fprintf(stderr, "pcientb-perf: ping-pong reference failed: %s\n", err.c_str());
     return 1;
   }
-  fprintf(stderr, "  half round trip %.3f us\n", pingpong * 1e6);
+  fprintf(stderr, "  half round trip %.3f us\n", run.pingpong_start * 1e6);
 
   fprintf(stderr, "starting the peer node and checking the data path ...\n");
   Peer peer(o);
@@ -324,19 +349,23 @@ int main(int argc, char **argv) {
         failures++;
       }
     }
-    fprintf(stderr,
-            "[%2zu/%zu] %7s  MB/s: WRITE %8.1f READ %8.1f SEND %8.1f memcpy %8.1f | us: WRITE %.2f "
-            "READ %.2f "
-            "SEND %.2f  (%.1f s)\n",
-            i + 1, sizes.size(), size_str(r.size).c_str(), r.bw[0] / 1e6, r.bw[1] / 1e6,
-            r.bw[2] / 1e6, r.memcpy_bw / 1e6, r.lat[0] * 1e6, r.lat[1] * 1e6, r.lat[2] * 1e6,
-            now_s() - t0);
+    fprintf(stderr, "[%2zu/%zu] %7s  MB/s: WRITE %8.1f READ %8.1f SEND %8.1f memcpy %8.1f", i + 1,
+            sizes.size(), size_str(r.size).c_str(), r.bw[0] / 1e6, r.bw[1] / 1e6, r.bw[2] / 1e6,
+            r.memcpy_bw / 1e6);
+    fprintf(stderr, " | us: WRITE %.2f READ %.2f SEND %.2f  (%.1f s)\n", r.lat[0] * 1e6,
+            r.lat[1] * 1e6, r.lat[2] * 1e6, now_s() - t0);
     rows.push_back(r);
   }
 
-  print_table(stdout, rows, pingpong);
-  print_targets(rows, pingpong);
-  if (!write_csv(o.csv, rows, pingpong)) {
+  fprintf(stderr, "reference again: shared-memory ping-pong ...\n");
+  run.pingpong_end = measure_pingpong(o, &err);
+  run.load_end = machine_load();
+  if (std::isnan(run.pingpong_end))
+    fprintf(stderr, "pcientb-perf: ping-pong reference failed: %s\n", err.c_str());
+
+  print_table(stdout, rows, run);
+  print_targets(rows, run.pingpong());
+  if (!write_csv(o.csv, rows, run.pingpong())) {
     fprintf(stderr, "pcientb-perf: cannot write %s: %s\n", o.csv.c_str(), strerror(errno));
     return 1;
   }

@@ -125,19 +125,6 @@ void copy_msg(char (&dst)[200], const std::string &s) {
   snprintf(dst, sizeof dst, "%s", s.c_str());
 }
 
-// Notices a spin loop that stops making progress; reads the clock only now and then.
-class Watchdog {
- public:
-  explicit Watchdog(double timeout_s) : timeout_s_(timeout_s), since_(now_s()) {}
-  void progress() { spins_ = 0, since_ = now_s(); }
-  bool expired() { return ++spins_ % 4096 == 0 && now_s() - since_ > timeout_s_; }
-
- private:
-  double timeout_s_;
-  double since_;
-  uint32_t spins_ = 0;
-};
-
 uint8_t pattern_byte(size_t i, uint64_t seed) {
   return static_cast<uint8_t>(i * 131 + (i >> 9) + seed * 7);
 }
@@ -389,19 +376,19 @@ int RdmaPair::Endpoint::poll(ibv_cq *cq, ibv_wc *wc, int n) {
 }
 
 bool RdmaPair::Endpoint::wait_one(ibv_cq *cq, ibv_wc *wc, const char *what) {
-  Watchdog dog(opt.timeout_s);
+  SpinWait spin(opt.timeout_s);
   for (;;) {
     const int n = poll(cq, wc, 1);
     if (n < 0) return false;
     if (n == 1) return true;
-    if (dog.expired()) return fail(format("no %s completion within %.0f s", what, opt.timeout_s));
+    if (spin.expired()) return fail(format("no %s completion within %.0f s", what, opt.timeout_s));
   }
 }
 
 bool RdmaPair::Endpoint::wait_byte(uint8_t *p, uint8_t v, const char *what) {
-  Watchdog dog(opt.timeout_s);
+  SpinWait spin(opt.timeout_s);
   while (load_acquire(p) != v)
-    if (dog.expired())
+    if (spin.expired())
       return fail(format("%s: last byte never became %u within %.0f s (is %u)", what, v,
                          opt.timeout_s, load_acquire(p)));
   return true;
@@ -411,7 +398,7 @@ bool RdmaPair::Endpoint::stream(Op op, size_t size, uint64_t count) {
   // Each signaled WR's wr_id is the number of WRs its completion retires.
   uint64_t posted = 0, done = 0, last_signaled = 0;
   ibv_wc wc[16];
-  Watchdog dog(opt.timeout_s);
+  SpinWait spin(opt.timeout_s);
   while (done < count) {
     while (posted < count && posted - done < opt.tx_depth) {
       posted++;
@@ -423,8 +410,8 @@ bool RdmaPair::Endpoint::stream(Op op, size_t size, uint64_t count) {
     if (n < 0) return false;
     for (int i = 0; i < n; i++) done += wc[i].wr_id;
     if (n)
-      dog.progress();
-    else if (dog.expired())
+      spin.progress();
+    else if (spin.expired())
       return fail(format("%s %zu B: %lu of %lu WRs completed, then nothing for %.0f s", op_name(op),
                          size, static_cast<unsigned long>(done), static_cast<unsigned long>(count),
                          opt.timeout_s));
@@ -435,7 +422,7 @@ bool RdmaPair::Endpoint::stream(Op op, size_t size, uint64_t count) {
 bool RdmaPair::Endpoint::receive(size_t size, uint64_t count) {
   ibv_wc wc[16];
   uint64_t got = 0;
-  Watchdog dog(opt.timeout_s);
+  SpinWait spin(opt.timeout_s);
   while (got < count) {
     const int n = poll(rcq, wc, 16);
     if (n < 0) return false;
@@ -446,9 +433,9 @@ bool RdmaPair::Endpoint::receive(size_t size, uint64_t count) {
                    wc[i].opcode, wc[i].byte_len, IBV_WC_RECV, size));
     if (n) {
       got += static_cast<uint64_t>(n);
-      dog.progress();
+      spin.progress();
       if (!post_recv(static_cast<uint32_t>(n))) return false;
-    } else if (dog.expired()) {
+    } else if (spin.expired()) {
       return fail(format("SEND %zu B: received %lu of %lu, then nothing for %.0f s", size,
                          static_cast<unsigned long>(got), static_cast<unsigned long>(count),
                          opt.timeout_s));

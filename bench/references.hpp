@@ -58,4 +58,23 @@ class ShmPingPong {
 // Seconds since an arbitrary epoch, from the steady clock.
 double now_s();
 
+// A busy-wait, as perftest polls: call expired() after every check that found nothing. It reads
+// no clock on a short wait, so it adds nothing to a timed round. Once one wait has lasted 20 us it
+// also yields the CPU at each clock reading, so on an oversubscribed machine the other side gets
+// to run (a round then costs microseconds, not a scheduler tick). expired() is true once the
+// wait has lasted timeout_s (negative: never).
+class SpinWait {
+ public:
+  explicit SpinWait(double timeout_s) : timeout_s_(timeout_s) {}
+  void progress() { spins_ = 0, since_ = 0; }
+  bool expired() { return ++spins_ % 256 == 0 && slow_check(); }
+
+ private:
+  bool slow_check();
+
+  double timeout_s_;
+  double since_ = 0;  // when the wait was first seen to be long; 0: not yet
+  uint32_t spins_ = 0;
+};
+
 }  // namespace pcientb::bench
