@@ -359,7 +359,7 @@ void to_wqe(const ibv_send_wr *wr, SendWqe *w) {
   w->flags = wr->send_flags;
   w->imm = wr->imm_data;
   w->num_sge = static_cast<uint32_t>(wr->num_sge);
-  memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
+  if (w->num_sge) memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
   w->ah = nullptr;
   if (is_atomic(wr->opcode)) {
     w->remote_addr = wr->wr.atomic.remote_addr;

@@ -43,7 +43,7 @@ int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **
     auto *w = reinterpret_cast<RecvWqe *>(s);
     w->wr_id = wr->wr_id;
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
-    memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
+    if (w->num_sge) memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
     ring_publish(&rq->ring, s, pos);
   }
   return 0;

@@ -138,7 +138,7 @@ void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *list) {
     return;
   }
   w->num_sge = static_cast<uint32_t>(n);
-  memcpy(w->sge, list, n * sizeof(ibv_sge));
+  if (n) memcpy(w->sge, list, n * sizeof(ibv_sge));
 }
 
 // Inline data is copied now: the caller may reuse its buffer on return.
