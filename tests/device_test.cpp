@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <optional>
+#include <string>
 
 namespace pcientb::test {
 namespace {
@@ -186,6 +187,15 @@ TEST(Fork, ChildOfAProcessThatClosedTheDeviceOpensItAnew) {
 
 TEST(Fork, ChildOfAProcessThatHoldsTheDeviceOpenOpensItAnew) {
   send_one_message(true);
+}
+
+// What a gtest binary run as a whole does: one pair of processes after the
+// other, forked from the same parent.
+TEST(Fork, OneParentRunsFivePairsOneAfterTheOther) {
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE("pair " + std::to_string(i));
+    send_one_message(false);
+  }
 }
 
 }  // namespace

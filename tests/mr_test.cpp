@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <string>
 
 namespace pcientb::test {
 namespace {
@@ -243,6 +245,46 @@ TEST(MrFork, RegisteredMemoryIsNotSharedWithAForkedChild) {
 
 TEST(MrFork, MemoryOfADeregisteredMrIsNotSharedWithAForkedChild) {
   expect_child_writes_stay_private(true);
+}
+
+// Registers and deregisters a few MRs on ordinary heap memory (with heap
+// neighbours on the same pages), then churns the heap.
+void register_heap_memory_and_churn() {
+  Node node;
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> buffers;
+  for (size_t size : {100, 5000, 70000, 333})
+    buffers.push_back(std::make_unique<std::vector<uint8_t>>(size, 1));
+  for (auto &b : buffers) reg_mr(node.pd.get(), b->data(), b->size(), kAllAccess).reset();
+}
+
+void churn_heap() {
+  std::vector<std::unique_ptr<std::string>> junk;
+  for (int i = 0; i < 2000; ++i) junk.push_back(std::make_unique<std::string>(i * 37 % 3000, 'x'));
+  junk.clear();
+}
+
+TEST(MrHeap, HeapStaysConsistentAfterRegisteringHeapMemory) {
+  register_heap_memory_and_churn();
+  churn_heap();
+  register_heap_memory_and_churn();
+  churn_heap();
+}
+
+// A child forked after the parent registered heap memory can use its heap
+// and open the device (as the next test in a gtest binary, or any program
+// that forks workers).
+TEST(MrFork, AChildCanUseTheHeapAfterTheParentRegisteredHeapMemory) {
+  register_heap_memory_and_churn();
+  two_process(
+      [](Channel &ch) {
+        ch.wait();
+        churn_heap();
+      },
+      [](Channel &ch) {
+        churn_heap();
+        Node node;
+        ch.signal();
+      });
 }
 
 }  // namespace

@@ -118,7 +118,7 @@ TEST_F(QpState, WrongCurrentStateIsEinval) {
   EXPECT_EQ(EINVAL, modify_qp(qp.get(), attr, kInitMask | IBV_QP_CUR_STATE));
 }
 
-TEST_F(QpState, InitToRtrWithANonexistentPortIsEinval) {
+TEST_F(QpState, ResetToInitWithANonexistentPortIsEinval) {
   ibv_qp_attr attr = init_attr(kRemoteAll);
   attr.port_num = 2;
   EXPECT_EQ(EINVAL, modify_qp(qp.get(), attr, kInitMask));
