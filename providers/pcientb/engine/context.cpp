@@ -182,22 +182,11 @@ void Node::watch(fabric::Peer *peer) {
   wake();
 }
 
+// As an HCA: a QP connected to a dead peer learns of it only when it sends.
+// WRs waiting in a backlog fail at their next attempt, newly posted ones at
+// once (RETRY_EXC_ERR); an idle QP and its posted receives stay as they are.
 void Node::on_peer_death(fabric::Peer *peer) {
   peer->mark_dead();
-  std::vector<Qp *> hit;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    for (Qp *qp : qps_)
-      if (qp && qp->peer == peer) hit.push_back(qp);
-  }
-  // The connection is gone: what the QP holds completes in error, and its
-  // owner hears of it, rather than waiting forever on a receive.
-  for (Qp *qp : hit) {
-    ibv_qp_state s = qp->state();
-    if (s == IBV_QPS_ERR || s == IBV_QPS_RESET) continue;
-    qp_enter_error(qp);
-    qp->ctx->raise_async(reinterpret_cast<uint64_t>(qp->ibv), IBV_EVENT_QP_FATAL);
-  }
 }
 
 void Node::progress_loop() {
@@ -314,6 +303,7 @@ int Context::query_device(ibv_device_attr_ex *out, size_t attr_size) {
   d.local_ca_ack_delay = 1;
   d.phys_port_cnt = 1;
   a.device_cap_flags_ex = d.device_cap_flags;
+  a.phys_port_cnt_ex = d.phys_port_cnt;
   memcpy(out, &a, std::min(attr_size, sizeof a));
   return 0;
 }

@@ -20,14 +20,18 @@ Off alloc_ring(Node &node, uint32_t capacity) {
 }
 
 bool take(Cq *cq, ibv_wc *wc) {
-  uint64_t pos;
-  RingSlot *s = ring_take(&cq->sh->ring, &pos);
-  if (!s) return false;
-  auto *slot = reinterpret_cast<CqSlot *>(s);
-  *wc = slot->wc;
-  if (slot->sq_ticket) cq->ctx->node->retire(slot->sq_ticket);
-  ring_release(&cq->sh->ring, s, pos);
-  return true;
+  for (;;) {
+    uint64_t pos;
+    RingSlot *s = ring_take(&cq->sh->ring, &pos);
+    if (!s) return false;
+    auto *slot = reinterpret_cast<CqSlot *>(s);
+    uint64_t ticket = slot->sq_ticket;
+    *wc = slot->wc;
+    ring_release(&cq->sh->ring, s, pos);
+    if (ticket & kDiscarded) continue;
+    if (ticket) cq->ctx->node->retire(ticket);
+    return true;
+  }
 }
 
 // ---- the extended poll API (ibv_cq_ex) --------------------------------------
@@ -206,6 +210,18 @@ int resize_cq(Cq *cq, int cqe) {
   cq->capacity = capacity;
   cq->ibv.cqe = cqe;
   return 0;
+}
+
+void cq_discard_qp(Cq *cq, uint32_t qp_num) {
+  std::lock_guard<std::mutex> g(cq->poll_mu);
+  RingHeader *r = &cq->sh->ring;
+  uint64_t tail = r->tail.load(std::memory_order_acquire);
+  for (uint64_t pos = r->head.load(std::memory_order_acquire); pos < tail; ++pos) {
+    RingSlot *s = ring_slot(r, pos);
+    if (ring_seq(r, s, pos) != pos + 1) break;  // not published yet: nothing of ours after
+    auto *slot = reinterpret_cast<CqSlot *>(s);
+    if (slot->wc.qp_num == qp_num) slot->sq_ticket |= kDiscarded;
+  }
 }
 
 bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,

@@ -250,6 +250,8 @@ int destroy_cq(Cq *cq);
 int poll_cq(Cq *cq, int n, ibv_wc *wc);
 int req_notify_cq(Cq *cq, bool solicited_only);
 int resize_cq(Cq *cq, int cqe);
+// Drops a QP's completions not yet polled from a CQ (the QP is being reset).
+void cq_discard_qp(Cq *cq, uint32_t qp_num);
 
 Srq *create_srq(Pd *pd, ibv_srq_init_attr *attr, int *err);
 int modify_srq(Srq *srq, const ibv_srq_attr *attr, int mask);

@@ -138,8 +138,10 @@ struct CqSlot {
   ibv_wc wc;
   // A send completion retires its WR and those before it from the send
   // queue once polled: QP index << 48 | the WR's number. 0 for receives.
+  // kDiscarded marks an entry that polling skips.
   uint64_t sq_ticket;
 };
+constexpr uint64_t kDiscarded = uint64_t{1} << 63;
 static_assert(sizeof(CqSlot) <= 64);
 constexpr uint32_t kCqSlotSize = 64;
 

@@ -20,17 +20,21 @@ int check_access(int access) {
   return 0;
 }
 
-// Publishes an MR's table entry under a fresh key; fills the keys.
-int publish(Mr *mr, Node &node) {
-  uint32_t idx, key;
-  if (int e = node.alloc_mr(&idx, &key)) return e;
-  MrShared &s = node.root()->mrs[idx];
+void fill_entry(const Mr *mr, MrShared &s) {
   s.pd = mr->pd->id;
   s.access = static_cast<uint32_t>(mr->access);
   s.addr = mr->iova;
   s.va = reinterpret_cast<uint64_t>(mr->addr);
   s.length = mr->length;
   s.window = mr->window;
+}
+
+// Publishes an MR's table entry under a fresh key; fills the keys.
+int publish(Mr *mr, Node &node) {
+  uint32_t idx, key;
+  if (int e = node.alloc_mr(&idx, &key)) return e;
+  MrShared &s = node.root()->mrs[idx];
+  fill_entry(mr, s);
   s.key.store(key, std::memory_order_release);
   mr->idx = idx;
   mr->lkey = key;
@@ -93,8 +97,9 @@ int rereg_mr(Mr *mr, int flags, Pd *pd, void *addr, size_t length, int access) {
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     if (int e = node.fab().expose(addr, length, &window)) return e;
   }
-  // Old keys stop working before the new ones are handed out.
-  node.free_mr(mr->idx);
+  // The MR keeps its keys, as on an HCA. They stop working while it changes.
+  MrShared &s = node.root()->mrs[mr->idx];
+  s.key.store(0, std::memory_order_release);
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     node.fab().unexpose(mr->window);
     mr->window = window;
@@ -108,7 +113,9 @@ int rereg_mr(Mr *mr, int flags, Pd *pd, void *addr, size_t length, int access) {
     mr->pd->users++;
   }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access;
-  return publish(mr, node);
+  fill_entry(mr, s);
+  s.key.store(mr->lkey, std::memory_order_release);
+  return 0;
 }
 
 int dereg_mr(Mr *mr) {

@@ -125,8 +125,10 @@ void apply(Qp *qp, const ibv_qp_attr *a, int mask) {
 Qp *create_qp(Context *ctx, ibv_qp_init_attr_ex *a, int *err) {
   *err = 0;
   if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UD) *err = EOPNOTSUPP;
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                               IBV_QP_INIT_ATTR_CREATE_FLAGS))
     *err = EOPNOTSUPP;
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) *err = EOPNOTSUPP;
   if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq || !a->recv_cq) *err = EINVAL;
   ibv_qp_cap &c = a->cap;
   if (c.max_send_wr > kMaxQpWr || c.max_send_sge > kMaxSge || c.max_inline_data > kMaxInline ||
@@ -212,6 +214,9 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
     if (next == IBV_QPS_RESET) {
       qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
       qp->backlog.clear();
+      // As an HCA's reset: the QP's completions not yet polled are gone too.
+      cq_discard_qp(qp->scq, qp->ibv->qp_num);
+      if (qp->rcq != qp->scq) cq_discard_qp(qp->rcq, qp->ibv->qp_num);
       qp->sq_posted = 0;
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -143,6 +144,12 @@ uint64_t fd_ino(int fd) {
   return fstat(fd, &st) == 0 ? st.st_ino : 0;
 }
 
+// The memfd name of this process's moved memory: its peers' windows, which
+// it maps too, carry their owners' pids.
+void own_chunk_name(char *out, size_t n, pid_t pid) {
+  snprintf(out, n, "pcientb-mr-%d", pid);
+}
+
 // Whether every page of [a, b) may move onto a memfd: private anonymous
 // read-write memory, or our own earlier chunks.
 bool remappable(uint64_t a, uint64_t b) {
@@ -160,7 +167,9 @@ bool remappable(uint64_t a, uint64_t b) {
     if (lo > covered) ok = false;  // a hole
     const char *path = line + path_at;
     bool anon = *path == '\n' || *path == '\0' || *path == '[';
-    bool ours = strncmp(path, "/memfd:pcientb-mr", 17) == 0;
+    char mine[64] = "/memfd:";
+    own_chunk_name(mine + 7, sizeof mine - 7, getpid());
+    bool ours = strncmp(path, mine, strlen(mine)) == 0 && path[strlen(mine)] == ' ';
     bool rw = perms[0] == 'r' && perms[1] == 'w';
     if (!rw || !((anon && perms[3] == 'p') || (ours && perms[3] == 's'))) ok = false;
     if (!strncmp(path, "[vsyscall]", 10) || !strncmp(path, "[vvar]", 6)) ok = false;
@@ -171,10 +180,23 @@ bool remappable(uint64_t a, uint64_t b) {
 }
 
 // Registration moves memory onto shared memfd pages. A forked child must
-// still get its own copy of that memory, as of any private memory: in the
-// child, every such range becomes private again. Raw system calls only, as
-// in any fork handler of a threaded process.
-void privatize_after_fork() {
+// still get its own copy of that memory, taken at fork time as for any
+// private memory: the parent copies its moved ranges just before fork(), the
+// child puts the copies in place, the parent drops them. Raw system calls and
+// static storage only, as in any fork handler of a threaded process.
+struct ForkCopy {
+  uintptr_t at;
+  size_t len;
+  void *copy;
+};
+ForkCopy fork_copies[4096];
+size_t n_fork_copies = 0;
+
+void fork_prepare() {
+  n_fork_copies = 0;
+  char mine[64] = "/memfd:";
+  own_chunk_name(mine + 7, sizeof mine - 7, getpid());
+  size_t mine_len = strlen(mine);
   int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   static char buf[1 << 16];
@@ -189,18 +211,19 @@ void privatize_after_fork() {
     while ((nl = strchr(line, '\n'))) {
       *nl = 0;
       unsigned long lo = 0, hi = 0;
-      if (strstr(line, "/memfd:pcientb-mr") && sscanf(line, "%lx-%lx", &lo, &hi) == 2) {
+      const char *path = strchr(line, '/');
+      if (path && !strncmp(path, mine, mine_len) && path[mine_len] == ' ' &&
+          sscanf(line, "%lx-%lx", &lo, &hi) == 2 && n_fork_copies < std::size(fork_copies)) {
         size_t len = hi - lo;
-        void *tmp = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (tmp != MAP_FAILED) {
-          struct iovec to {
-            tmp, len
-          }, from{reinterpret_cast<void *>(lo), len};
-          if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len))
-            mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(lo));
-          else
-            munmap(tmp, len);
-        }
+        void *copy = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        struct iovec to {
+          copy, len
+        }, from{reinterpret_cast<void *>(lo), len};
+        if (copy != MAP_FAILED &&
+            process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len))
+          fork_copies[n_fork_copies++] = ForkCopy{lo, len, copy};
+        else if (copy != MAP_FAILED)
+          munmap(copy, len);
       }
       line = nl + 1;
     }
@@ -208,6 +231,19 @@ void privatize_after_fork() {
     memmove(buf, line, have);
   }
   close(fd);
+}
+
+void fork_parent() {
+  for (size_t i = 0; i < n_fork_copies; ++i) munmap(fork_copies[i].copy, fork_copies[i].len);
+  n_fork_copies = 0;
+}
+
+void fork_child() {
+  for (size_t i = 0; i < n_fork_copies; ++i) {
+    const ForkCopy &c = fork_copies[i];
+    mremap(c.copy, c.len, c.len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(c.at));
+  }
+  n_fork_copies = 0;
 }
 
 class EmuFabric;
@@ -315,7 +351,7 @@ int EmuFabric::join(const char *name) {
   // Peers reach our memory with pidfd_getfd/process_vm_*: allow them under Yama.
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   static std::once_flag fork_handler;
-  std::call_once(fork_handler, [] { pthread_atfork(nullptr, nullptr, privatize_after_fork); });
+  std::call_once(fork_handler, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
 
   std::string path = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + name_;
   table_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -528,7 +564,9 @@ int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
   } else {
     *idx = next_chunk_++;
   }
-  int fd = static_cast<int>(syscall(SYS_memfd_create, "pcientb-mr", MFD_CLOEXEC));
+  char name[32];
+  own_chunk_name(name, sizeof name, getpid());
+  int fd = static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
   if (fd < 0) return errno;
   if (ftruncate(fd, static_cast<off_t>(len))) {
     int e = errno;
