@@ -45,7 +45,8 @@ for preset in "${presets[@]}"; do
   case "$preset" in
     asan) env_extra=(ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}"
                      UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}") ;;
-    tsan) env_extra=(TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}") ;;
+    # die_after_fork=0: a forked child opens the device, which starts a thread.
+    tsan) env_extra=(TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:die_after_fork=0:suppressions=$root/tests/tsan.supp}") ;;
   esac
   log="$logdir/$preset.log"
   timeout --kill-after=30 "$time_limit" \
