@@ -3,7 +3,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -183,6 +185,18 @@ void send_one_message(bool parent_holds_device) {
 
 TEST(Fork, ChildOfAProcessThatClosedTheDeviceOpensItAnew) {
   send_one_message(false);
+}
+
+// A node that loses its place on the fabric (here: the fabric's table is
+// removed, so no peer can find it any more) is a device that failed: every
+// context open on it gets IBV_EVENT_DEVICE_FATAL.
+TEST(DeviceFatal, LosingTheFabricRaisesDeviceFatal) {
+  Node node;
+  std::string table =
+      "/dev/shm/pcientb." + std::to_string(getuid()) + "." + std::getenv("PCIENTB_FABRIC");
+  ASSERT_EQ(0, unlink(table.c_str())) << table << ": " << std::strerror(errno);
+  auto event = wait_async_event_of(node.ctx.get(), IBV_EVENT_DEVICE_FATAL, 3000ms);
+  EXPECT_TRUE(event.has_value()) << "no IBV_EVENT_DEVICE_FATAL within 3 s";
 }
 
 TEST(Fork, ChildOfAProcessThatHoldsTheDeviceOpenOpensItAnew) {

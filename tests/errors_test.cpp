@@ -348,23 +348,77 @@ RcOptions short_timeouts() {
   return options;
 }
 
-// How the survivor learns that its peer died. `failed` holds the completions
-// from the first unsuccessful one on. As on an HCA whose transport retries ran
-// out, the first fails with IBV_WC_RETRY_EXC_ERR and the rest are flushed. Also
-// accepted, since the emulation notices a death without traffic: all flushed,
-// with IBV_EVENT_QP_FATAL for the QP on the async fd, so its owner learns why.
+// How the survivor learns that its peer died, as on an HCA whose transport
+// retries ran out: `failed` holds the completions from the first unsuccessful
+// one on; that one fails with IBV_WC_RETRY_EXC_ERR, the rest are flushed, and
+// the QP is in ERR.
 void expect_peer_death_reported(std::span<const ibv_wc> failed, RcEnd &a) {
   ASSERT_FALSE(failed.empty());
+  EXPECT_EQ(failed[0].status, IBV_WC_RETRY_EXC_ERR) << "wr_id " << failed[0].wr_id;
   for (size_t i = 1; i < failed.size(); ++i)
     EXPECT_EQ(failed[i].status, IBV_WC_WR_FLUSH_ERR) << "wr_id " << failed[i].wr_id;
-  if (failed[0].status == IBV_WC_WR_FLUSH_ERR) {
-    auto event = wait_async_event_of(a.node.ctx.get(), IBV_EVENT_QP_FATAL, 1000ms);
-    EXPECT_TRUE(event && event->element.qp == a.qp())
-        << "every WR was flushed, but no IBV_EVENT_QP_FATAL says why";
-  } else {
-    EXPECT_EQ(failed[0].status, IBV_WC_RETRY_EXC_ERR) << "wr_id " << failed[0].wr_id;
-  }
   EXPECT_EQ(query_state(a.qp()), IBV_QPS_ERR);
+}
+
+// As an HCA: a QP whose peer died but that sends nothing learns nothing; its
+// posted receives stay posted and it stays in RTS.
+TEST(PeerDeath, AnIdleQpIsLeftAlone) {
+  two_process(
+      [](Channel &ch) {
+        RcEnd a(short_timeouts());
+        ASSERT_EQ(0, a.post_recv(1, 0, 64));
+        a.connect(ch);
+        ch.kill_peer();
+        EXPECT_TRUE(stays_empty(a.cq(), 300ms));
+        EXPECT_EQ(query_state(a.qp()), IBV_QPS_RTS);
+      },
+      [](Channel &ch) {
+        RcEnd b(short_timeouts());
+        b.connect(ch);
+        ch.wait();
+      });
+}
+
+// ---- completions that cannot be written ------------------------------------------------
+
+// Receive queue slots free up as messages arrive, so a receiver that posts
+// receives but never polls overruns its CQ. As an HCA does, that fails the QP
+// whose completion was lost: IBV_EVENT_CQ_ERR for the CQ, IBV_EVENT_QP_FATAL
+// for the QP, which is in ERR.
+TEST(CqOverrun, FailsTheQpWithCqErrAndQpFatal) {
+  constexpr int kRounds = 80;  // 80 x 64 receive completions: more than any CQ holds
+  constexpr int kBatch = 64;
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a(short_timeouts());
+        a.connect(ch);
+        for (int r = 0; r < kRounds; ++r) {
+          ch.wait();  // the peer posted a batch of receives
+          for (int i = 0; i < kBatch; ++i) ASSERT_EQ(0, a.post_send(i, 0, 8));
+          wait_wcs(a.cq(), kBatch);
+          ch.signal();
+        }
+      },
+      [&](Channel &ch) {
+        RcEnd b(short_timeouts());
+        b.connect(ch);
+        for (int r = 0; r < kRounds; ++r) {
+          for (int i = 0; i < kBatch; ++i) ASSERT_EQ(0, b.post_recv(i, 0, 8));
+          ch.signal();
+          ch.wait();
+        }
+        bool cq_err = false, qp_fatal = false;
+        auto deadline = std::chrono::steady_clock::now() + 3s;
+        while (!(cq_err && qp_fatal) && std::chrono::steady_clock::now() < deadline) {
+          auto event = wait_async_event(b.node.ctx.get(), 500ms);
+          if (!event) continue;
+          if (event->event_type == IBV_EVENT_CQ_ERR) cq_err = event->element.cq == b.cq();
+          if (event->event_type == IBV_EVENT_QP_FATAL) qp_fatal = event->element.qp == b.qp();
+        }
+        EXPECT_TRUE(cq_err) << "no IBV_EVENT_CQ_ERR for the CQ";
+        EXPECT_TRUE(qp_fatal) << "no IBV_EVENT_QP_FATAL for the QP";
+        EXPECT_EQ(query_state(b.qp()), IBV_QPS_ERR);
+      });
 }
 
 // The SEND waits for a receive (RNR, retried forever) when the peer is

@@ -128,6 +128,8 @@ Qp *Node::qp_by_idx(uint32_t idx) {
 
 // ---- progress thread --------------------------------------------------------
 
+constexpr uint64_t kMembershipPeriodNs = 1000000000;
+
 void Node::wake() {
   uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof one) < 0) {
@@ -162,6 +164,16 @@ uint64_t Node::run_pending_locked() {
 void Node::run_due() {
   std::unique_lock<std::mutex> g(prog_mu_, std::try_to_lock);
   if (g.owns_lock()) run_pending_locked();
+}
+
+void Node::attach(Context *ctx) {
+  std::lock_guard<std::mutex> g(prog_mu_);
+  contexts_.insert(ctx);
+}
+
+void Node::detach(Context *ctx) {
+  std::lock_guard<std::mutex> g(prog_mu_);
+  contexts_.erase(ctx);
 }
 
 void Node::retire_qp(Qp *qp) {
@@ -200,6 +212,19 @@ void Node::progress_loop() {
       std::lock_guard<std::mutex> g(prog_mu_);
       if (stop_) return;
       next = run_pending_locked();
+      // A node whose place on the fabric is gone is a device that failed.
+      uint64_t now = now_ns();
+      if (!lost_ && now - membership_checked_ns_ >= kMembershipPeriodNs) {
+        membership_checked_ns_ = now;
+        if (!fab_->member()) {
+          lost_ = true;
+          for (Context *c : contexts_) c->raise_async(0, IBV_EVENT_DEVICE_FATAL);
+        }
+      }
+      if (!lost_) {
+        uint64_t check = membership_checked_ns_ + kMembershipPeriodNs;
+        next = next ? std::min(next, check) : check;
+      }
       for (fabric::Peer *p : watched_) {
         int fd = p->dead() ? -1 : fab_->death_fd(*p);
         if (fd < 0) continue;
@@ -240,6 +265,7 @@ Context *Context::open(int *err) {
   if (!node) return nullptr;
   auto *ctx = new Context();
   ctx->node = std::move(node);
+  ctx->node->attach(ctx);
   int p[2];
   if (pipe2(p, O_CLOEXEC)) {
     *err = errno;
@@ -258,6 +284,7 @@ Context *Context::open(int *err) {
 }
 
 Context::~Context() {
+  if (node) node->detach(this);
   // async_rfd belongs to libibverbs (context->async_fd), which closes it.
   if (async_wfd >= 0) close(async_wfd);
 }

@@ -70,6 +70,10 @@ class Node {
   // The progress engine: deferred send work (RNR and transport retries) and
   // peer liveness. Qp::sq_mu_ must not be held when calling these.
   void schedule(Qp *qp);
+  // The contexts open on this node, told of device-wide events.
+  void attach(Context *ctx);
+  void detach(Context *ctx);
+
   // Takes a QP out of the tables and of the progress engine, for good.
   void retire_qp(Qp *qp);
   void watch(fabric::Peer *peer);
@@ -107,6 +111,9 @@ class Node {
   std::set<Qp *> pending_;
   std::atomic<uint64_t> next_due_ns_{0};
   std::set<fabric::Peer *> watched_;
+  std::set<Context *> contexts_;
+  bool lost_ = false;
+  uint64_t membership_checked_ns_ = 0;
   int wake_fd_ = -1;
   bool stop_ = false;
   std::thread progress_;

@@ -158,7 +158,7 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     wc.status = s;
     wc.byte_len = 0;
   }
-  cq_push(fab, *peer, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
+  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
   return done(IBV_WC_SUCCESS);
 }
 
@@ -234,9 +234,9 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         off += src.len[i];
       }
       if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-        cq_push(fab, *peer, at<CqShared>(root, t->rcq),
-                recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len)),
-                w.flags & IBV_SEND_SOLICITED);
+        complete_to(fab, *peer, t, at<CqShared>(root, t->rcq),
+                    recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len)),
+                    w.flags & IBV_SEND_SOLICITED);
       return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
     }
     case IBV_WR_SEND:
@@ -256,7 +256,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         responder_error(fab, *peer, t, wc);
         return done(s == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
       }
-      cq_push(fab, *peer, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
+      complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
       return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
     }
     default:
@@ -284,7 +284,8 @@ void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len)
   wc.qp_num = qp->ibv->qp_num;
   if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) wc.vendor_err = 1;
   Node &node = *qp->ctx->node;
-  cq_push(node.fab(), node.self(), qp->scq->sh, wc, false, (uint64_t{qp->idx} << 48) | w.seq);
+  complete_to(node.fab(), node.self(), qp->sh, qp->scq->sh, wc, false,
+              (uint64_t{qp->idx} << 48) | w.seq);
 }
 
 // With sq_mu held: the QP fails; everything it holds completes flushed.

@@ -132,9 +132,20 @@ ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, u
   return IBV_WC_SUCCESS;
 }
 
+void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
+                 const ibv_wc &wc, bool solicited, uint64_t sq_ticket) {
+  if (!cq || cq_push(fab, owner, cq, wc, solicited, sq_ticket)) return;
+  uint32_t s = qp->state.load();
+  while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
+         !qp->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
+  }
+  if (s == IBV_QPS_ERR || s == IBV_QPS_RESET) return;  // failed already: one event
+  AsyncRecord rec{qp->handle, IBV_EVENT_QP_FATAL, 0};
+  ring_doorbell(fab, owner, qp->async, &rec, sizeof rec);
+}
+
 void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc) {
-  auto *rcq = at<CqShared>(peer.area(), target->rcq);
-  if (rcq) cq_push(fab, peer, rcq, wc, true);
+  complete_to(fab, peer, target, at<CqShared>(peer.area(), target->rcq), wc, true);
   uint32_t s = target->state.load();
   while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
          !target->state.compare_exchange_weak(s, IBV_QPS_ERR)) {

@@ -40,6 +40,11 @@ bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t n
 ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
                       const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len);
 
+// Adds a completion of QP qp (of `owner`) to cq. An HCA that cannot write a
+// completion (the CQ overran) fails the QP and tells its owner: QP_FATAL.
+void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
+                 const ibv_wc &wc, bool solicited, uint64_t sq_ticket = 0);
+
 // A responder-side error: completes wc on the target's receive CQ, moves the
 // target QP to ERR and flushes its receive queue.
 void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc);

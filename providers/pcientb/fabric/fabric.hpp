@@ -60,6 +60,10 @@ class Fabric {
   virtual void *area() = 0;
   virtual size_t area_size() const = 0;
 
+  // Whether this node still holds its place on the fabric (a system call);
+  // false once its entry was removed or taken: the device is lost.
+  virtual bool member() = 0;
+
   // The peer with this LID (this node itself included), attached on first
   // use; nullptr if no live node has it. Stays valid until the fabric dies.
   virtual Peer *peer(uint16_t lid) = 0;

@@ -291,6 +291,7 @@ class EmuFabric final : public Fabric {
   void *area() override { return reinterpret_cast<uint8_t *>(hdr_) + kHeaderSize; }
   size_t area_size() const override { return kAreaSize; }
 
+  bool member() override;
   Peer *peer(uint16_t lid) override;
   bool check_alive(Peer &p) override;
   int death_fd(Peer &p) override { return static_cast<EmuPeer &>(p).pidfd; }
@@ -312,6 +313,7 @@ class EmuFabric final : public Fabric {
   void put_region(uint64_t va);
 
   std::string name_;
+  std::string path_;
   int table_fd_ = -1;
   TableFile *table_ = nullptr;
   int seg_fd_ = -1;
@@ -353,7 +355,8 @@ int EmuFabric::join(const char *name) {
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
 
-  std::string path = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + name_;
+  path_ = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + name_;
+  const std::string &path = path_;
   table_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (table_fd_ < 0) return errno;
   struct stat st {};
@@ -536,6 +539,14 @@ Peer *EmuFabric::peer(uint16_t lid) {
   }
   slot_peer = std::move(p);
   return slot_peer.get();
+}
+
+bool EmuFabric::member() {
+  struct stat named {
+  }, held{};
+  if (stat(path_.c_str(), &named) || fstat(table_fd_, &held) || named.st_ino != held.st_ino)
+    return false;  // the table was removed or replaced: nobody can find us
+  return table_->slots[lid_ - 1].nonce == nonce_;
 }
 
 bool EmuFabric::check_alive(Peer &pp) {
