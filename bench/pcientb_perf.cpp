@@ -3,6 +3,12 @@
 // latency over the message sizes of the PCIe socket paper's Table 3 (1 B .. 4 MiB), beside the
 // memcpy and shared-memory ping-pong references measured in the same run. Prints a table on
 // stdout, progress on stderr, and writes the table as CSV (bench/plot.py draws it).
+//
+// Each row carries its own references, measured right beside its RDMA figures: memcpy of the
+// row's size just before its bandwidth points, and the ping-pong just before and just after its
+// latency points (the faster of the two counts). On a VM the cost of a cache-line round trip
+// between the two vCPUs moves when the host moves them, so a reference taken minutes apart
+// would not be a reference.
 
 #include <getopt.h>
 #include <unistd.h>
@@ -37,8 +43,10 @@ constexpr Op kOps[] = {Op::write, Op::read, Op::send};
 struct Options {
   std::string csv = "pcientb-perf.csv";
   size_t max_size = size_t{4} << 20;
-  double seconds = 0.35;               // budget per bandwidth point; latency points get half
-  uint64_t bytes = uint64_t{1} << 29;  // a bandwidth point stops early after moving this much
+  double seconds = 0.8;                // budget of a bandwidth point; latency points get half
+  uint64_t bytes = uint64_t{1} << 30;  // a bandwidth point stops early after moving this much
+  uint64_t max_rounds = 1000000;       // a latency point stops early after this many rounds
+  uint64_t pingpong_rounds = 20000;
 };
 
 // One table row. Bandwidth in bytes/s; latency in seconds, one-way for WRITE and SEND (half a
@@ -48,6 +56,7 @@ struct Row {
   double bw[3] = {kNaN, kNaN, kNaN};
   double memcpy_bw = kNaN;
   double lat[3] = {kNaN, kNaN, kNaN};
+  double pingpong = kNaN;  // half round trip
 };
 
 std::string size_str(size_t n) {
@@ -85,28 +94,25 @@ double measure_bandwidth(const Options &o, size_t size, uint64_t max_chunk, Chun
 }
 
 // Median seconds of one round (see RdmaPair::lat_begin) over sessions that fill the budget,
-// after an untimed warm-up session. NaN on error.
+// after an untimed warm-up session. Rounds are timed in batches of up to 100 (about 20 us), so
+// the clock's cost and granularity stay out of short rounds; the median is over batches.
 double measure_latency(const Options &o, RdmaPair &pair, Op op, size_t size) {
-  constexpr uint64_t kWarmup = 32, kMaxRounds = 20000;
-  const double budget = o.seconds / 2;
-  double warm = 0;
+  constexpr uint64_t kWarmup = 100;
   if (!pair.lat_begin(op, size, kWarmup)) return kNaN;
-  for (uint64_t i = 0; i < kWarmup; i++) {
-    const double t = pair.round_trip();
-    if (t < 0) return kNaN;
-    warm += t;
-  }
-  if (!pair.lat_end()) return kNaN;
+  const double warm = pair.rounds(kWarmup);
+  if (warm < 0 || !pair.lat_end()) return kNaN;
+  const auto batch = static_cast<uint64_t>(std::clamp(20e-6 / (warm / kWarmup), 1.0, 100.0));
+  const double budget = o.seconds / 2;
   std::vector<double> samples;
-  const double estimate = warm / kWarmup;
   double spent = 0;
-  while (spent < budget && samples.size() < kMaxRounds) {
-    const auto rounds = static_cast<uint64_t>(std::clamp((budget - spent) / estimate, 1.0, 5000.0));
-    if (!pair.lat_begin(op, size, rounds)) return kNaN;
-    for (uint64_t i = 0; i < rounds; i++) {
-      const double t = pair.round_trip();
+  while (spent < budget && samples.size() * batch < o.max_rounds) {
+    const auto batches =
+        static_cast<uint64_t>(std::clamp((budget - spent) / (warm / kWarmup * batch), 1.0, 1000.0));
+    if (!pair.lat_begin(op, size, batches * batch)) return kNaN;
+    for (uint64_t i = 0; i < batches; i++) {
+      const double t = pair.rounds(batch);
       if (t < 0) return kNaN;
-      samples.push_back(t);
+      samples.push_back(t / static_cast<double>(batch));
       spent += t;
     }
     if (!pair.lat_end()) return kNaN;
@@ -114,22 +120,13 @@ double measure_latency(const Options &o, RdmaPair &pair, Op op, size_t size) {
   return median(std::move(samples));
 }
 
-double measure_pingpong(const Options &o, std::string *err) {
-  std::unique_ptr<ShmPingPong> pp = ShmPingPong::start(err);
-  if (!pp) return kNaN;
+// Median half round trip of the ping-pong, timed in batches of 100 like the latency points; the
+// child sleeps again afterwards. NaN on error.
+double measure_pingpong(const Options &o, ShmPingPong &pp) {
   std::vector<double> samples;
-  for (int i = 0; i < 1000; i++)  // warm-up
-    pp->round_trip();
-  const double t0 = now_s();
-  while (samples.size() < 100000 && now_s() - t0 < o.seconds) {
-    const double t = pp->round_trip();
-    if (t < 0) {
-      *err = "the ping-pong child stopped answering";
-      return kNaN;
-    }
-    samples.push_back(t);
-  }
-  return median(std::move(samples)) / 2;
+  const bool ok = pp.half_rtt(std::max<uint64_t>(o.pingpong_rounds / 100, 1), 100, &samples) >= 0;
+  pp.sleep();
+  return ok ? median(std::move(samples)) / 2 : kNaN;
 }
 
 // The peer of every RDMA measurement; restarted after a failure so one bad point does not
@@ -167,38 +164,33 @@ std::string machine_load() {
   return b;
 }
 
-// What the table says about the run itself: the ping-pong reference is measured before and after
-// the sizes, and the smaller (less disturbed) half round trip is the one the ratios use.
-struct RunInfo {
-  double pingpong_start = kNaN, pingpong_end = kNaN;
-  std::string load_start, load_end;
-  double pingpong() const { return std::fmin(pingpong_start, pingpong_end); }
-};
-
-void print_table(FILE *f, const std::vector<Row> &rows, const RunInfo &run) {
-  const double pingpong = run.pingpong();
+void print_table(FILE *f, const std::vector<Row> &rows, const std::string &load_start,
+                 const std::string &load_end) {
+  std::vector<double> pp;
+  for (const Row &r : rows) pp.push_back(r.pingpong);
+  const auto [lo, hi] = std::minmax_element(pp.begin(), pp.end());
   fprintf(f, "pcientb-perf: RDMA over the emulated NTB fabric (pcientb0) between two processes\n");
-  fprintf(f, "reference latency: shared-memory ping-pong half round trip %.3f us ", pingpong * 1e6);
-  fprintf(f, "(%.3f before, %.3f after the sizes)\n", run.pingpong_start * 1e6,
-          run.pingpong_end * 1e6);
-  fprintf(f, "machine: %s before, %s after\n", run.load_start.c_str(), run.load_end.c_str());
-  fprintf(f, "bandwidth in MB/s (10^6 B/s); x = ratio to memcpy of the same size, same run\n");
+  fprintf(f, "machine: %s before, %s after\n", load_start.c_str(), load_end.c_str());
+  fprintf(f, "shared-memory ping-pong half round trip, measured beside each row: %.3f .. %.3f us\n",
+          *lo * 1e6, *hi * 1e6);
+  fprintf(f, "bandwidth in MB/s (10^6 B/s); x = ratio to memcpy of the same size (the row's)\n");
   fprintf(f,
           "latency in us: WRITE and SEND one-way (half a ping-pong round trip, as ib_write_lat\n");
-  fprintf(f,
-          "and ib_send_lat), READ the whole operation; /pp = ratio to the ping-pong reference\n\n");
-  fprintf(f, "%9s %11s %11s %11s %11s %7s %7s %7s %9s %9s %9s %8s %8s\n", "size", "WRITE MB/s",
+  fprintf(f, "and ib_send_lat), READ the whole operation; /pp = ratio to the row's ping-pong\n\n");
+  fprintf(f, "%9s %11s %11s %11s %11s %7s %7s %7s %9s %9s %9s %7s %8s %8s\n", "size", "WRITE MB/s",
           "READ MB/s", "SEND MB/s", "memcpy MB/s", "WRITE x", "READ x", "SEND x", "WRITE us",
-          "READ us", "SEND us", "WRITE/pp", "SEND/pp");
+          "READ us", "SEND us", "pp us", "WRITE/pp", "SEND/pp");
   for (const Row &r : rows)
-    fprintf(f, "%9s %11.1f %11.1f %11.1f %11.1f %7.3f %7.3f %7.3f %9.3f %9.3f %9.3f %8.2f %8.2f\n",
+    fprintf(f,
+            "%9s %11.1f %11.1f %11.1f %11.1f %7.3f %7.3f %7.3f %9.3f %9.3f %9.3f %7.3f %8.2f "
+            "%8.2f\n",
             size_str(r.size).c_str(), r.bw[0] / 1e6, r.bw[1] / 1e6, r.bw[2] / 1e6,
             r.memcpy_bw / 1e6, r.bw[0] / r.memcpy_bw, r.bw[1] / r.memcpy_bw, r.bw[2] / r.memcpy_bw,
-            r.lat[0] * 1e6, r.lat[1] * 1e6, r.lat[2] * 1e6, r.lat[0] / pingpong,
-            r.lat[2] / pingpong);
+            r.lat[0] * 1e6, r.lat[1] * 1e6, r.lat[2] * 1e6, r.pingpong * 1e6, r.lat[0] / r.pingpong,
+            r.lat[2] / r.pingpong);
 }
 
-bool write_csv(const std::string &path, const std::vector<Row> &rows, double pingpong) {
+bool write_csv(const std::string &path, const std::vector<Row> &rows) {
   FILE *f = fopen(path.c_str(), "w");
   if (!f) return false;
   fprintf(f,
@@ -211,12 +203,12 @@ bool write_csv(const std::string &path, const std::vector<Row> &rows, double pin
     fprintf(f, "%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f\n", r.size,
             r.bw[0] / 1e6, r.bw[1] / 1e6, r.bw[2] / 1e6, r.memcpy_bw / 1e6, r.bw[0] / r.memcpy_bw,
             r.bw[1] / r.memcpy_bw, r.bw[2] / r.memcpy_bw, r.lat[0] * 1e6, r.lat[1] * 1e6,
-            r.lat[2] * 1e6, pingpong * 1e6, r.lat[0] / pingpong, r.lat[2] / pingpong);
+            r.lat[2] * 1e6, r.pingpong * 1e6, r.lat[0] / r.pingpong, r.lat[2] / r.pingpong);
   return fclose(f) == 0;
 }
 
 // The targets the provider aims for, as ratios against this run's references.
-void print_targets(const std::vector<Row> &rows, double pingpong) {
+void print_targets(const std::vector<Row> &rows) {
   const Row &big = rows.back();
   const Row *small = nullptr;
   for (const Row &r : rows)
@@ -224,31 +216,32 @@ void print_targets(const std::vector<Row> &rows, double pingpong) {
   const std::string bs = size_str(big.size);
   auto line = [](const std::string &what, double r, double target, bool at_least) {
     const bool met = at_least ? r >= target : r <= target;
-    printf("  %-50s %7.2fx   target %s %.1fx   %s\n", what.c_str(), r,
+    printf("  %-52s %7.2fx   target %s %.1fx   %s\n", what.c_str(), r,
            at_least ? ">=" : "<=", target, met ? "met" : "MISSED");
   };
   printf("\ntargets (ratios against the references of this run):\n");
   line("RDMA WRITE " + bs + " bandwidth / memcpy " + bs, big.bw[0] / big.memcpy_bw, 0.9, true);
   line("RDMA READ " + bs + " bandwidth / memcpy " + bs, big.bw[1] / big.memcpy_bw, 0.9, true);
   if (small) {
-    line("SEND 8 B one-way latency / ping-pong half RTT", small->lat[2] / pingpong, 3, false);
-    line("RDMA WRITE 8 B one-way latency / ping-pong half RTT", small->lat[0] / pingpong, 6, false);
+    line("SEND 8 B one-way latency / ping-pong half RTT", small->lat[2] / small->pingpong, 3,
+         false);
+    line("RDMA WRITE 8 B one-way latency / ping-pong half RTT", small->lat[0] / small->pingpong, 6,
+         false);
   }
 }
 
 void usage(FILE *f) {
-  fprintf(
-      f,
-      "usage: pcientb-perf [--csv FILE] [--max-size BYTES] [--seconds S] [--quick]\n"
-      "Measures RDMA WRITE, READ and SEND bandwidth and latency between two processes on the\n"
-      "emulated fabric (pcientb0) from 1 B to 4 MiB, beside memcpy and a shared-memory ping-pong\n"
-      "measured in the same run. Table on stdout, progress on stderr.\n"
-      "  --csv FILE        write the table as CSV to FILE (default pcientb-perf.csv)\n"
-      "  --max-size BYTES  largest message, a power of 2 (default 4194304)\n"
-      "  --seconds S       time budget of one bandwidth point; latency points get half (default "
-      "0.35)\n"
-      "  --quick           sizes up to 64 KiB and a tiny budget (smoke test)\n"
-      "PCIENTB_FABRIC names the fabric; unset, a name private to this run is used.\n");
+  fprintf(f,
+          "usage: pcientb-perf [--csv FILE] [--max-size BYTES] [--seconds S] [--quick]\n"
+          "Measures RDMA WRITE, READ and SEND bandwidth and latency between two processes on the\n"
+          "emulated fabric (pcientb0) from 1 B to 4 MiB, beside memcpy and a shared-memory\n"
+          "ping-pong measured in the same run. Table on stdout, progress on stderr.\n"
+          "  --csv FILE        write the table as CSV to FILE (default pcientb-perf.csv)\n"
+          "  --max-size BYTES  largest message, a power of 2 (default 4194304)\n"
+          "  --seconds S       time budget of a bandwidth point; latency points get half\n"
+          "                    (default 0.8; the whole run takes about 60 x S seconds)\n"
+          "  --quick           sizes up to 64 KiB and a tiny budget (smoke test)\n"
+          "PCIENTB_FABRIC names the fabric; unset, a name private to this run is used.\n");
 }
 
 bool parse(int argc, char **argv, Options *o) {
@@ -271,6 +264,8 @@ bool parse(int argc, char **argv, Options *o) {
         o->max_size = 64 * 1024;
         o->seconds = 0.01;
         o->bytes = 16 << 20;
+        o->max_rounds = 1000;
+        o->pingpong_rounds = 1000;
         break;
       case 'h':
         usage(stdout);
@@ -288,6 +283,47 @@ bool parse(int argc, char **argv, Options *o) {
   return true;
 }
 
+// Measures one row: memcpy and the three bandwidths, then the ping-pong, the three latencies and
+// the ping-pong again. Failed points are NaN and counted in *failures.
+Row measure_row(const Options &o, size_t size, Peer &peer, ShmPingPong &pp, const Buffer &src,
+                const Buffer &dst, int *failures) {
+  Row r;
+  r.size = size;
+  std::string err;
+  auto report = [&](const char *what, Op op, RdmaPair *pair) {
+    fprintf(stderr, "  %s %s at %s failed: %s\n", op_name(op), what, size_str(size).c_str(),
+            pair ? pair->error().c_str() : err.c_str());
+    ++*failures;
+  };
+  r.memcpy_bw = measure_bandwidth(
+      o, size, 1 << 20, [&](uint64_t n) { return pcientb::bench::time_memcpy(dst, src, size, n); });
+  for (int k = 0; k < 3; k++) {
+    RdmaPair *pair = peer.get(&err);
+    if (pair)
+      r.bw[k] = measure_bandwidth(o, size, 65536,
+                                  [&](uint64_t n) { return pair->bandwidth(kOps[k], size, n); });
+    if (std::isnan(r.bw[k])) report("bandwidth", kOps[k], pair);
+  }
+  const double pp_before = measure_pingpong(o, pp);
+  for (int k = 0; k < 3; k++) {
+    RdmaPair *pair = peer.get(&err);
+    if (pair) r.lat[k] = measure_latency(o, *pair, kOps[k], size) * (kOps[k] == Op::read ? 1 : 0.5);
+    if (std::isnan(r.lat[k])) report("latency", kOps[k], pair);
+  }
+  const double pp_after = measure_pingpong(o, pp);
+  // The faster of the two: the stricter ratio.
+  r.pingpong = std::fmin(pp_before, pp_after);
+  if (std::isnan(r.pingpong)) {
+    fprintf(stderr, "  ping-pong reference at %s failed\n", size_str(size).c_str());
+    ++*failures;
+  } else if (std::fmax(pp_before, pp_after) > 1.5 * r.pingpong) {
+    fprintf(stderr,
+            "  note: the ping-pong reference moved during this row: %.3f us, then %.3f us\n",
+            pp_before * 1e6, pp_after * 1e6);
+  }
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -295,20 +331,17 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, &o)) return 2;
   pcientb::bench::use_private_fabric("pcientb-perf");
   const double start = now_s();
-  RunInfo run;
-  run.load_start = machine_load();
+  const std::string load_start = machine_load();
   fprintf(stderr, "pcientb-perf: fabric %s, sizes 1 B .. %s, %s\n", getenv("PCIENTB_FABRIC"),
-          size_str(o.max_size).c_str(), run.load_start.c_str());
+          size_str(o.max_size).c_str(), load_start.c_str());
 
+  // The ping-pong child first: nothing is forked once this process has opened the device.
   std::string err;
-  fprintf(stderr, "reference: shared-memory ping-pong between two processes ...\n");
-  run.pingpong_start = measure_pingpong(o, &err);
-  if (std::isnan(run.pingpong_start)) {
-    fprintf(stderr, "pcientb-perf: ping-pong reference failed: %s\n", err.c_str());
+  std::unique_ptr<ShmPingPong> pp = ShmPingPong::start(&err);
+  if (!pp) {
+    fprintf(stderr, "pcientb-perf: cannot start the ping-pong reference: %s\n", err.c_str());
     return 1;
   }
-  fprintf(stderr, "  half round trip %.3f us\n", run.pingpong_start * 1e6);
-
   fprintf(stderr, "starting the peer node and checking the data path ...\n");
   Peer peer(o);
   if (!peer.get(&err)) {
@@ -323,49 +356,18 @@ int main(int argc, char **argv) {
   int failures = 0;
   for (size_t i = 0; i < sizes.size(); i++) {
     const double t0 = now_s();
-    Row r;
-    r.size = sizes[i];
-    r.memcpy_bw = measure_bandwidth(o, r.size, 1 << 20, [&](uint64_t n) {
-      return pcientb::bench::time_memcpy(dst, src, r.size, n);
-    });
-    for (int k = 0; k < 3; k++) {
-      RdmaPair *pair = peer.get(&err);
-      if (pair)
-        r.bw[k] = measure_bandwidth(
-            o, r.size, 65536, [&](uint64_t n) { return pair->bandwidth(kOps[k], r.size, n); });
-      if (std::isnan(r.bw[k])) {
-        fprintf(stderr, "  %s bandwidth at %s failed: %s\n", op_name(kOps[k]),
-                size_str(r.size).c_str(), pair ? pair->error().c_str() : err.c_str());
-        failures++;
-      }
-    }
-    for (int k = 0; k < 3; k++) {
-      RdmaPair *pair = peer.get(&err);
-      if (pair)
-        r.lat[k] = measure_latency(o, *pair, kOps[k], r.size) * (kOps[k] == Op::read ? 1 : 0.5);
-      if (std::isnan(r.lat[k])) {
-        fprintf(stderr, "  %s latency at %s failed: %s\n", op_name(kOps[k]),
-                size_str(r.size).c_str(), pair ? pair->error().c_str() : err.c_str());
-        failures++;
-      }
-    }
+    const Row r = measure_row(o, sizes[i], peer, *pp, src, dst, &failures);
     fprintf(stderr, "[%2zu/%zu] %7s  MB/s: WRITE %8.1f READ %8.1f SEND %8.1f memcpy %8.1f", i + 1,
             sizes.size(), size_str(r.size).c_str(), r.bw[0] / 1e6, r.bw[1] / 1e6, r.bw[2] / 1e6,
             r.memcpy_bw / 1e6);
-    fprintf(stderr, " | us: WRITE %.2f READ %.2f SEND %.2f  (%.1f s)\n", r.lat[0] * 1e6,
-            r.lat[1] * 1e6, r.lat[2] * 1e6, now_s() - t0);
+    fprintf(stderr, " | us: WRITE %.2f READ %.2f SEND %.2f pp %.3f  (%.1f s)\n", r.lat[0] * 1e6,
+            r.lat[1] * 1e6, r.lat[2] * 1e6, r.pingpong * 1e6, now_s() - t0);
     rows.push_back(r);
   }
 
-  fprintf(stderr, "reference again: shared-memory ping-pong ...\n");
-  run.pingpong_end = measure_pingpong(o, &err);
-  run.load_end = machine_load();
-  if (std::isnan(run.pingpong_end))
-    fprintf(stderr, "pcientb-perf: ping-pong reference failed: %s\n", err.c_str());
-
-  print_table(stdout, rows, run);
-  print_targets(rows, run.pingpong());
-  if (!write_csv(o.csv, rows, run.pingpong())) {
+  print_table(stdout, rows, load_start, machine_load());
+  print_targets(rows);
+  if (!write_csv(o.csv, rows)) {
     fprintf(stderr, "pcientb-perf: cannot write %s: %s\n", o.csv.c_str(), strerror(errno));
     return 1;
   }

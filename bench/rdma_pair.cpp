@@ -688,28 +688,29 @@ bool RdmaPair::lat_begin(Op op, size_t size, uint64_t rounds) {
   return request(kLatency, op, lat_size_, rounds, 0, nullptr);
 }
 
-double RdmaPair::round_trip() {
+double RdmaPair::rounds(uint64_t n) {
   Endpoint &ep = *ep_;
   const size_t size = lat_size_;
   const bool inl = size <= ep.max_inline && lat_op_ != Op::read;
+  uint8_t *out = ep.send_region() + size - 1, *in = ep.recv_region() + size - 1;
   ibv_wc wc;
-  const double t0 = now_s();
   bool ok = true;
-  switch (lat_op_) {
-    case Op::write: {
-      const uint8_t seq = ++lat_seq_;
-      ep.send_region()[size - 1] = seq;
-      ok = ep.post(Op::write, size, true, inl, 1) && ep.wait_one(ep.scq, &wc, "WRITE") &&
-           ep.wait_byte(ep.recv_region() + size - 1, seq, "WRITE latency");
-      break;
+  const double t0 = now_s();
+  for (uint64_t i = 0; ok && i < n; i++) {
+    switch (lat_op_) {
+      case Op::write:
+        *out = ++lat_seq_;
+        ok = ep.post(Op::write, size, true, inl, 1) && ep.wait_one(ep.scq, &wc, "WRITE") &&
+             ep.wait_byte(in, lat_seq_, "WRITE latency");
+        break;
+      case Op::send:
+        ok = ep.post(Op::send, size, true, inl, 1) && ep.wait_one(ep.rcq, &wc, "receive") &&
+             ep.post_recv(1) && ep.wait_one(ep.scq, &wc, "SEND");
+        break;
+      case Op::read:
+        ok = ep.post(Op::read, size, true, false, 1) && ep.wait_one(ep.scq, &wc, "READ");
+        break;
     }
-    case Op::send:
-      ok = ep.post(Op::send, size, true, inl, 1) && ep.wait_one(ep.rcq, &wc, "receive") &&
-           ep.post_recv(1) && ep.wait_one(ep.scq, &wc, "SEND");
-      break;
-    case Op::read:
-      ok = ep.post(Op::read, size, true, false, 1) && ep.wait_one(ep.scq, &wc, "READ");
-      break;
   }
   const double t = now_s() - t0;
   if (!ok) return fail(ep.err), -1;

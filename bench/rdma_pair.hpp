@@ -48,13 +48,14 @@ class RdmaPair {
   // SEND: until the peer has polled every receive completion), or < 0 on error.
   double bandwidth(Op op, size_t size, uint64_t count);
 
-  // A latency session of `rounds` rounds: lat_begin(), then round_trip() `rounds` times, then
-  // lat_end(). A WRITE round is ib_write_lat's: write, then poll the last byte of our buffer
-  // until the peer's write lands. A SEND round is ib_send_lat's: send, then wait for the peer's
-  // send in our receive queue. A READ round is one READ and its completion (ib_read_lat).
-  // round_trip() returns seconds, < 0 on error.
+  // A latency session of `rounds` rounds: lat_begin(), then rounds(n) calls that add up to
+  // `rounds`, then lat_end(). A WRITE round is ib_write_lat's: write, then poll the last byte of
+  // our buffer until the peer's write lands. A SEND round is ib_send_lat's: send, then wait for
+  // the peer's send in our receive queue. A READ round is one READ and its completion
+  // (ib_read_lat). rounds(n) returns the seconds n rounds took, < 0 on error; timing n rounds at
+  // once keeps the clock's cost and granularity (10 ns on some VMs) out of short rounds.
   bool lat_begin(Op op, size_t size, uint64_t rounds);
-  double round_trip();
+  double rounds(uint64_t n);
   bool lat_end();
 
   const std::string &error() const { return err_; }

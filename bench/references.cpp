@@ -1,8 +1,10 @@
 #include "references.hpp"
 
+#include <linux/futex.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,17 +59,52 @@ double time_memcpy(const Buffer &dst, const Buffer &src, size_t size, uint64_t c
   return now_s() - t0;
 }
 
-// The two flags sit on separate cache lines so each side writes only its own.
+// The two flags sit on separate cache lines so each side writes only its own; `awake` is the
+// futex the child sleeps on between measurements.
 struct ShmPingPong::Flags {
   alignas(64) std::atomic<uint64_t> ping;
   alignas(64) std::atomic<uint64_t> pong;
+  alignas(64) std::atomic<uint32_t> awake;
 };
 static_assert(offsetof(ShmPingPong::Flags, pong) == 64);
+static_assert(offsetof(ShmPingPong::Flags, awake) == 128);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 
 namespace {
+
 constexpr uint64_t kStop = ~uint64_t{0};
+constexpr uint64_t kSleep = kStop - 1;
 constexpr double kAnswerTimeout_s = 5;
+
+// Shared (not FUTEX_PRIVATE) futex operations: the page is shared between processes.
+void futex_wait(std::atomic<uint32_t> *word, uint32_t value) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAIT, value, nullptr, nullptr, 0);
+}
+void futex_wake(std::atomic<uint32_t> *word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+// The child: answers every new ping; after answering kSleep it blocks until `awake` is set again.
+[[noreturn]] void answer_pings(ShmPingPong::Flags *flags) {
+  uint64_t seen = kSleep;
+  SpinWait wait(-1);
+  for (;;) {
+    const uint64_t v = flags->ping.load(std::memory_order_acquire);
+    if (v == seen) {
+      if (v != kSleep)
+        wait.expired();
+      else if (flags->awake.load(std::memory_order_acquire) == 0)
+        futex_wait(&flags->awake, 0);
+      continue;
+    }
+    if (v == kStop) _exit(0);
+    seen = v;
+    flags->pong.store(v, std::memory_order_release);
+    wait.progress();
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<ShmPingPong> ShmPingPong::start(std::string *err) {
@@ -78,7 +115,10 @@ std::unique_ptr<ShmPingPong> ShmPingPong::start(std::string *err) {
     return nullptr;
   }
   auto *flags = new (page) Flags{};
+  flags->ping.store(kSleep);  // the child starts asleep
+  flags->pong.store(kSleep);
   const pid_t parent = getpid();
+  fflush(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {
     *err = std::string("fork: ") + strerror(errno);
@@ -88,25 +128,15 @@ std::unique_ptr<ShmPingPong> ShmPingPong::start(std::string *err) {
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
-    uint64_t seen = 0;
-    SpinWait wait(-1);
-    for (;;) {
-      const uint64_t v = flags->ping.load(std::memory_order_acquire);
-      if (v == seen) {
-        wait.expired();
-        continue;
-      }
-      if (v == kStop) _exit(0);
-      seen = v;
-      flags->pong.store(v, std::memory_order_release);
-      wait.progress();
-    }
+    answer_pings(flags);
   }
   return std::unique_ptr<ShmPingPong>(new ShmPingPong(flags, pid));
 }
 
 ShmPingPong::~ShmPingPong() {
   flags_->ping.store(kStop, std::memory_order_release);
+  flags_->awake.store(1, std::memory_order_release);
+  futex_wake(&flags_->awake);
   const double deadline = now_s() + 1;
   int status;
   while (waitpid(pid_, &status, WNOHANG) == 0) {
@@ -120,14 +150,43 @@ ShmPingPong::~ShmPingPong() {
   munmap(flags_, sizeof(Flags));
 }
 
-double ShmPingPong::round_trip() {
-  const uint64_t s = ++seq_;
-  SpinWait wait(kAnswerTimeout_s);
+double ShmPingPong::round_trips(uint64_t n) {
+  if (!awake_) {
+    flags_->awake.store(1, std::memory_order_release);
+    futex_wake(&flags_->awake);
+    awake_ = true;
+  }
   const double t0 = now_s();
-  flags_->ping.store(s, std::memory_order_release);
-  while (flags_->pong.load(std::memory_order_acquire) != s)
-    if (wait.expired()) return -1;
+  for (uint64_t i = 0; i < n; i++) {
+    const uint64_t s = ++seq_;
+    SpinWait wait(kAnswerTimeout_s);
+    flags_->ping.store(s, std::memory_order_release);
+    while (flags_->pong.load(std::memory_order_acquire) != s)
+      if (wait.expired()) return -1;
+  }
   return now_s() - t0;
+}
+
+double ShmPingPong::half_rtt(uint64_t batches, uint64_t per_batch, std::vector<double> *samples) {
+  if (round_trips(1000) < 0) return -1;  // wakes the child and warms both sides up
+  double total = 0;
+  for (uint64_t i = 0; i < batches; i++) {
+    const double t = round_trips(per_batch);
+    if (t < 0) return -1;
+    total += t;
+    if (samples) samples->push_back(t / static_cast<double>(per_batch));
+  }
+  return total / static_cast<double>(batches * per_batch) / 2;
+}
+
+void ShmPingPong::sleep() {
+  if (!awake_) return;
+  flags_->ping.store(kSleep, std::memory_order_release);
+  SpinWait wait(kAnswerTimeout_s);
+  while (flags_->pong.load(std::memory_order_acquire) != kSleep)
+    if (wait.expired()) break;
+  flags_->awake.store(0, std::memory_order_release);
+  awake_ = false;
 }
 
 }  // namespace pcientb::bench

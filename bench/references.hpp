@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pcientb::bench {
 
@@ -33,17 +34,25 @@ class Buffer {
 double time_memcpy(const Buffer &dst, const Buffer &src, size_t size, uint64_t count);
 
 // A child process that answers pings written to one cache line of a MAP_SHARED anonymous page
-// with pongs on another. It spins while it lives, so keep it only while measuring.
+// with pongs on another. It spins only while awake: round_trips() wakes it and sleep()
+// puts it back to sleep on a futex, so it can be forked before a verbs device is opened and kept
+// for the whole run without competing for a core with other measurements.
 class ShmPingPong {
  public:
-  // Forks the answering child. nullptr and *err on failure.
+  // Forks the answering child, asleep. nullptr and *err on failure.
   static std::unique_ptr<ShmPingPong> start(std::string *err);
   ~ShmPingPong();
   ShmPingPong(const ShmPingPong &) = delete;
   ShmPingPong &operator=(const ShmPingPong &) = delete;
 
-  // One ping and its pong; returns seconds, negative if the child stopped answering.
-  double round_trip();
+  // n pings, each after the previous pong; returns seconds, negative if the child stopped
+  // answering. Wakes the child if it sleeps.
+  double round_trips(uint64_t n);
+  // After a warm-up, `batches` batches of `per_batch` round trips; returns the mean half round
+  // trip in seconds (negative on error) and, if samples is given, appends each batch's mean
+  // round trip to it.
+  double half_rtt(uint64_t batches, uint64_t per_batch, std::vector<double> *samples = nullptr);
+  void sleep();
 
   struct Flags;  // the shared page, defined in references.cpp
 
@@ -53,6 +62,7 @@ class ShmPingPong {
   Flags *flags_;
   pid_t pid_;
   uint64_t seq_ = 0;
+  bool awake_ = false;
 };
 
 // Seconds since an arbitrary epoch, from the steady clock.
