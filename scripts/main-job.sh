@@ -9,14 +9,18 @@
 # Finds pcientb-perf in $PCIENTB_PERF, the build tree (build/, build-asan/) or $PATH.
 set -euo pipefail
 
-out=${1:-./results}
-shift || true
+case "${1:-}" in
+  -h | --help) sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "" | -*) out=./results ;;
+  *) out=$1; shift ;;
+esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 
 find_perf() {
   local c
-  for c in "${PCIENTB_PERF:-}" "$repo/build/bin/pcientb-perf" "$repo/build-asan/bin/pcientb-perf"; do
+  for c in "${PCIENTB_PERF:-}" "$repo/build/bin/pcientb-perf" \
+    "$repo/build-asan/bin/pcientb-perf"; do
     [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return; }
   done
   command -v pcientb-perf || true
@@ -51,7 +55,8 @@ set -e
 [ -f "$out/perf.csv" ] || exit "$status"
 
 if [ -z "$plot" ] || [ -z "$python" ]; then
-  echo "main-job: no plot (need bench/plot.py and python3 with matplotlib: apt-get install python3-matplotlib)" >&2
+  echo "main-job: no plot: needs bench/plot.py and a python3 with matplotlib" \
+    "(apt-get install python3-matplotlib)" >&2
   exit 1
 fi
 "$python" "$plot" "$out/perf.csv" "$out/bandwidth.png"
