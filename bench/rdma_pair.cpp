@@ -89,6 +89,16 @@ bool write_all(int fd, const void *p, size_t n) {
   return true;
 }
 
+// Waits until fd is readable; false after timeout_s.
+bool readable(int fd, double timeout_s) {
+  pollfd p{fd, POLLIN, 0};
+  for (;;) {
+    const int r = poll(&p, 1, static_cast<int>(timeout_s * 1000));
+    if (r < 0 && errno == EINTR) continue;
+    return r > 0;
+  }
+}
+
 // Reads exactly n bytes. Gives up after timeout_s without data (timeout_s < 0: never). With
 // spin, polls the socket without sleeping, for answers that end a timed section.
 enum class ReadResult { ok, closed, timeout };
@@ -96,6 +106,7 @@ ReadResult read_all(int fd, void *p, size_t n, double timeout_s, bool spin) {
   auto *b = static_cast<uint8_t *>(p);
   double last = now_s();
   while (n) {
+    if (!spin && timeout_s >= 0 && !readable(fd, timeout_s)) return ReadResult::timeout;
     const ssize_t r = recv(fd, b, n, spin ? MSG_DONTWAIT : 0);
     if (r > 0) {
       b += r;
@@ -109,16 +120,6 @@ ReadResult read_all(int fd, void *p, size_t n, double timeout_s, bool spin) {
     if (timeout_s >= 0 && now_s() - last > timeout_s) return ReadResult::timeout;
   }
   return ReadResult::ok;
-}
-
-// Waits until fd is readable; false after timeout_s.
-bool readable(int fd, double timeout_s) {
-  pollfd p{fd, POLLIN, 0};
-  for (;;) {
-    const int r = poll(&p, 1, timeout_s < 0 ? -1 : static_cast<int>(timeout_s * 1000));
-    if (r < 0 && errno == EINTR) continue;
-    return r > 0;
-  }
 }
 
 void copy_msg(char (&dst)[200], const std::string &s) {
@@ -646,8 +647,6 @@ bool RdmaPair::fail(const std::string &msg) {
 
 bool RdmaPair::reply(const char *what, bool spin, uint64_t *value) {
   Reply r{};
-  if (!spin && !readable(fd_, opt_.timeout_s))
-    return fail(format("peer did not answer (%s) within %.0f s", what, opt_.timeout_s));
   switch (read_all(fd_, &r, sizeof r, opt_.timeout_s, spin)) {
     case ReadResult::ok:
       break;
