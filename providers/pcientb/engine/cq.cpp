@@ -22,7 +22,7 @@ Off alloc_ring(Node &node, uint32_t capacity) {
 bool take(Cq *cq, ibv_wc *wc) {
   for (;;) {
     uint64_t pos;
-    RingSlot *s = ring_take(&cq->sh->ring, &pos);
+    RingSlot *s = ring_take_single(&cq->sh->ring, &pos);
     if (!s) return false;
     auto *slot = reinterpret_cast<CqSlot *>(s);
     uint64_t ticket = slot->sq_ticket;
@@ -195,7 +195,7 @@ int resize_cq(Cq *cq, int cqe) {
   sh->armed.store(cq->sh->armed.load());
   ring_init(&sh->ring, capacity, kCqSlotSize);
   uint64_t from;
-  while (RingSlot *old = ring_take(&cq->sh->ring, &from)) {
+  while (RingSlot *old = ring_take_single(&cq->sh->ring, &from)) {
     uint64_t pos;
     RingSlot *s = ring_reserve(&sh->ring, &pos);
     auto *to = reinterpret_cast<CqSlot *>(s);

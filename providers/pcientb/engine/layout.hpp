@@ -113,6 +113,16 @@ inline RingSlot *ring_take(RingHeader *r, uint64_t *pos_out) {
     }
   }
 }
+// ring_take for a ring with one consumer at a time (a CQ, under its poll
+// lock): no atomic read-modify-write on the head.
+inline RingSlot *ring_take_single(RingHeader *r, uint64_t *pos_out) {
+  uint64_t pos = r->head.load(std::memory_order_relaxed);
+  RingSlot *s = ring_slot(r, pos);
+  if (ring_seq(r, s, pos) != pos + 1) return nullptr;
+  r->head.store(pos + 1, std::memory_order_relaxed);
+  *pos_out = pos;
+  return s;
+}
 inline void ring_release(RingHeader *r, RingSlot *s, uint64_t pos) {
   ring_set_seq(r, s, pos, pos + r->mask + 1);
 }

@@ -28,14 +28,17 @@ void rq_reset(RqShared *rq) {
   ring_init(&rq->ring, capacity, rq->ring.slot_size);
 }
 
-int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
+int rq_post(RqShared *rq, uint32_t max_wr, uint64_t *head_cache, const ibv_recv_wr *wr,
+            ibv_recv_wr **bad) {
   for (; wr; wr = wr->next) {
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > rq->max_sge) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return EINVAL;
     }
+    uint64_t tail = rq->ring.tail.load(std::memory_order_relaxed);
+    if (tail - *head_cache >= max_wr) *head_cache = rq->ring.head.load(std::memory_order_acquire);
     uint64_t pos;
-    RingSlot *s = ring_count(&rq->ring) < max_wr ? ring_reserve(&rq->ring, &pos) : nullptr;
+    RingSlot *s = tail - *head_cache < max_wr ? ring_reserve(&rq->ring, &pos) : nullptr;
     if (!s) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return ENOMEM;
