@@ -38,7 +38,7 @@ int rq_post(RqShared *rq, uint32_t max_wr, uint64_t *head_cache, const ibv_recv_
     uint64_t tail = rq->ring.tail.load(std::memory_order_relaxed);
     if (tail - *head_cache >= max_wr) *head_cache = rq->ring.head.load(std::memory_order_acquire);
     uint64_t pos;
-    RingSlot *s = tail - *head_cache < max_wr ? ring_reserve(&rq->ring, &pos) : nullptr;
+    RingSlot *s = tail - *head_cache < max_wr ? ring_reserve_single(&rq->ring, &pos) : nullptr;
     if (!s) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return ENOMEM;
