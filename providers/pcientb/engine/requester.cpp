@@ -226,7 +226,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       // A zero-length write touches no memory and needs no valid rkey.
       if (len && !remote_ok(IBV_ACCESS_REMOTE_WRITE, len)) return done(IBV_WC_REM_ACCESS_ERR);
       RecvCopy r;
-      RqShared *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
+      auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
       if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && (!rq || !rq_take(fab, *peer, rq, &r)))
         return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
       uint64_t off = 0;
@@ -245,7 +245,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: {
       RecvCopy r;
-      RqShared *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
+      auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
       if (!rq || !rq_take(fab, *peer, rq, &r))
         return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
       ibv_wc_status s = scatter(fab, *peer, root, rq->pd, r, 0, src, len);

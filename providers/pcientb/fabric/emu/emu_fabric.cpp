@@ -460,7 +460,7 @@ int EmuPeer::attach(const NodeSlot &slot) {
   if (hdr->magic != kSegMagic || hdr->nonce != slot.nonce) return ESRCH;
   nonce_ = slot.nonce;
   area_ = reinterpret_cast<uint8_t *>(m) + kHeaderSize;
-  cache_.reset(new std::atomic<const Mapping *>[kMaxChunks]());
+  cache_ = std::make_unique<std::atomic<const Mapping *>[]>(kMaxChunks);
   return 0;
 }
 
