@@ -193,7 +193,6 @@ struct Srq {
   RqShared *sh;
   uint32_t max_wr, max_sge;
   std::mutex mu;
-  uint64_t head_cache = 0;
   std::atomic<int> users{0};
 };
 
@@ -237,7 +236,6 @@ struct Qp {
 
   std::mutex sq_mu;             // posting and executing sends
   std::mutex rq_mu;             // posting receives
-  uint64_t rq_head_cache = 0;   // rq_post: its copy of the consumers' head
   std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
   uint64_t sq_posted = 0;       // WRs posted since RESET
   bool drain_notify = false;

@@ -220,7 +220,6 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
       qp->sq_posted = 0;
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
-      qp->rq_head_cache = 0;
       qp->peer = nullptr;
       qp->attr = ibv_qp_attr{};
       return 0;
@@ -283,7 +282,7 @@ int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
   int err;
   {
     std::lock_guard<std::mutex> g(qp->rq_mu);
-    err = rq_post(qp->rq, qp->cap.max_recv_wr, &qp->rq_head_cache, wr, bad);
+    err = rq_post(qp->rq, qp->cap.max_recv_wr, wr, bad);
   }
   // Receives posted to a failed QP complete at once, flushed.
   if (qp->state() == IBV_QPS_ERR) {

@@ -28,17 +28,24 @@ void rq_reset(RqShared *rq) {
   ring_init(&rq->ring, capacity, rq->ring.slot_size);
 }
 
-int rq_post(RqShared *rq, uint32_t max_wr, uint64_t *head_cache, const ibv_recv_wr *wr,
-            ibv_recv_wr **bad) {
+int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
+  RingHeader *r = &rq->ring;
   for (; wr; wr = wr->next) {
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > rq->max_sge) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return EINVAL;
     }
-    uint64_t tail = rq->ring.tail.load(std::memory_order_relaxed);
-    if (tail - *head_cache >= max_wr) *head_cache = rq->ring.head.load(std::memory_order_acquire);
+    // Full when the WQE max_wr places back is not consumed yet. That slot's
+    // line was last written long ago; the head, which senders write on every
+    // message, is never read here.
+    uint64_t tail = r->tail.load(std::memory_order_relaxed);
+    bool room = tail < max_wr;
+    if (!room) {
+      uint64_t back = tail - max_wr;
+      room = ring_seq(r, ring_slot(r, back), back) == back + r->mask + 1;
+    }
     uint64_t pos;
-    RingSlot *s = tail - *head_cache < max_wr ? ring_reserve_single(&rq->ring, &pos) : nullptr;
+    RingSlot *s = room ? ring_reserve_single(r, &pos) : nullptr;
     if (!s) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return ENOMEM;
@@ -47,7 +54,7 @@ int rq_post(RqShared *rq, uint32_t max_wr, uint64_t *head_cache, const ibv_recv_
     w->wr_id = wr->wr_id;
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
     if (w->num_sge) memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
-    ring_publish(&rq->ring, s, pos);
+    ring_publish(r, s, pos);
   }
   return 0;
 }

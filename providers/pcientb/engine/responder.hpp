@@ -23,11 +23,8 @@ struct Gather {
 
 Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd);
 void rq_reset(RqShared *rq);
-// The owner posts (one thread at a time). head_cache is its private copy of
-// the consumers' head: read again only when the queue looks full, so posting
-// does not pull the line the senders write.
-int rq_post(RqShared *rq, uint32_t max_wr, uint64_t *head_cache, const ibv_recv_wr *wr,
-            ibv_recv_wr **bad);
+// The owner posts (one thread at a time); at most max_wr WQEs not consumed.
+int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad);
 // Takes the next receive WQE of a (possibly remote) queue; raises the SRQ
 // limit event of its owner when that is due.
 bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out);
