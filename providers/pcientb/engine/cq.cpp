@@ -162,7 +162,7 @@ int destroy_cq(Cq *cq) {
 int poll_cq(Cq *cq, int n, ibv_wc *wc) {
   if (n < 0) return -EINVAL;
   cq->ctx->node->poll_progress();
-  std::lock_guard<std::mutex> g(cq->poll_mu);
+  std::lock_guard<SpinLock> g(cq->poll_mu);
   int i = 0;
   while (i < n && take(cq, &wc[i])) ++i;
   return i;
@@ -175,7 +175,7 @@ int req_notify_cq(Cq *cq, bool solicited_only) {
 
 int resize_cq(Cq *cq, int cqe) {
   if (cqe < 1 || static_cast<uint32_t>(cqe) >= kMaxCqe) return EINVAL;
-  std::lock_guard<std::mutex> g(cq->poll_mu);
+  std::lock_guard<SpinLock> g(cq->poll_mu);
   if (ring_count(&cq->sh->ring) > static_cast<uint64_t>(cqe)) return EINVAL;
   if (static_cast<uint32_t>(cqe) < cq->capacity) {
     cq->ibv.cqe = cqe;
@@ -213,7 +213,7 @@ int resize_cq(Cq *cq, int cqe) {
 }
 
 void cq_discard_qp(Cq *cq, uint32_t qp_num) {
-  std::lock_guard<std::mutex> g(cq->poll_mu);
+  std::lock_guard<SpinLock> g(cq->poll_mu);
   RingHeader *r = &cq->sh->ring;
   uint64_t tail = r->tail.load(std::memory_order_acquire);
   for (uint64_t pos = r->head.load(std::memory_order_acquire); pos < tail; ++pos) {

@@ -14,6 +14,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <sched.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -119,6 +120,28 @@ class Node {
   std::thread progress_;
 };
 
+// A lock for the short critical sections of the data path: unlocking is a
+// plain store, and a waiter spins briefly, then yields the CPU.
+class SpinLock {
+ public:
+  void lock() {
+    while (held_.exchange(true, std::memory_order_acquire))
+      for (int spins = 0; held_.load(std::memory_order_relaxed); ++spins)
+        if (spins > 100) {
+          sched_yield();
+          spins = 0;
+        }
+  }
+  bool try_lock() {
+    return !held_.load(std::memory_order_relaxed) &&
+           !held_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
 struct Channel {
   ibv_comp_channel ibv;  // calloc'd: libibverbs may free() it
   int wfd;
@@ -179,7 +202,7 @@ struct Cq {
   CqShared *sh;
   uint32_t capacity;
   Channel *channel;
-  std::mutex poll_mu;
+  SpinLock poll_mu;
   std::atomic<int> users{0};
   ibv_wc cur;  // the entry the extended poll API is on
   uint64_t wc_flags;
@@ -192,7 +215,7 @@ struct Srq {
   Off off;
   RqShared *sh;
   uint32_t max_wr, max_sge;
-  std::mutex mu;
+  SpinLock mu;
   std::atomic<int> users{0};
 };
 
@@ -234,8 +257,8 @@ struct Qp {
   fabric::Peer *peer = nullptr;  // RC destination, from RTR
   uint64_t peer_nonce = 0;
 
-  std::mutex sq_mu;             // posting and executing sends
-  std::mutex rq_mu;             // posting receives
+  SpinLock sq_mu;               // posting and executing sends
+  SpinLock rq_mu;               // posting receives
   std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
   uint64_t sq_posted = 0;       // WRs posted since RESET
   bool drain_notify = false;

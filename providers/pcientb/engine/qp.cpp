@@ -209,7 +209,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
   Node &node = *qp->ctx->node;
   bool kick = false;
   {
-    std::lock_guard<std::mutex> g(qp->sq_mu);
+    std::lock_guard<SpinLock> g(qp->sq_mu);
     apply(qp, a, given);
     if (next == IBV_QPS_RESET) {
       qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
@@ -241,7 +241,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
 }
 
 int query_qp(Qp *qp, ibv_qp_attr *a, int, ibv_qp_init_attr *init) {
-  std::lock_guard<std::mutex> g(qp->sq_mu);
+  std::lock_guard<SpinLock> g(qp->sq_mu);
   *a = qp->attr;
   a->qp_state = a->cur_qp_state = qp->state();
   a->cap = qp->cap;
@@ -281,7 +281,7 @@ int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
   }
   int err;
   {
-    std::lock_guard<std::mutex> g(qp->rq_mu);
+    std::lock_guard<SpinLock> g(qp->rq_mu);
     err = rq_post(qp->rq, qp->cap.max_recv_wr, wr, bad);
   }
   // Receives posted to a failed QP complete at once, flushed.

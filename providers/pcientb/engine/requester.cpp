@@ -413,7 +413,7 @@ int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {
   bool kick = false;
   int err = 0;
   {
-    std::lock_guard<std::mutex> g(qp->sq_mu);
+    std::lock_guard<SpinLock> g(qp->sq_mu);
     for (; wr; wr = wr->next) {
       if ((err = check_send_wr(qp, wr))) {
         *bad = const_cast<ibv_send_wr *>(wr);
@@ -443,7 +443,7 @@ int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {
 int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
   bool kick = false;
   {
-    std::lock_guard<std::mutex> g(qp->sq_mu);
+    std::lock_guard<SpinLock> g(qp->sq_mu);
     if (qp->sq_posted + n - qp->ctx->node->sq_retired(qp->idx) > qp->cap.max_send_wr) return ENOMEM;
     for (size_t i = 0; i < n; ++i) {
       wqes[i].seq = ++qp->sq_posted;
@@ -455,7 +455,7 @@ int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
 }
 
 uint64_t progress_qp(Qp *qp) {
-  std::lock_guard<std::mutex> g(qp->sq_mu);
+  std::lock_guard<SpinLock> g(qp->sq_mu);
   ibv_qp_state st = qp->state();
   if (st == IBV_QPS_ERR) {
     enter_error_locked(qp);
@@ -478,7 +478,7 @@ uint64_t progress_qp(Qp *qp) {
 }
 
 void qp_enter_error(Qp *qp) {
-  std::lock_guard<std::mutex> g(qp->sq_mu);
+  std::lock_guard<SpinLock> g(qp->sq_mu);
   enter_error_locked(qp);
 }
 

@@ -43,7 +43,7 @@ Srq *create_srq(Pd *pd, ibv_srq_init_attr *a, int *err) {
 
 int modify_srq(Srq *srq, const ibv_srq_attr *a, int mask) {
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
-  std::lock_guard<std::mutex> g(srq->mu);
+  std::lock_guard<SpinLock> g(srq->mu);
   uint32_t max_wr = srq->max_wr;
   if (mask & IBV_SRQ_MAX_WR) {
     // Grows in place within its ring; never below what it holds.
@@ -73,7 +73,7 @@ int destroy_srq(Srq *srq) {
 }
 
 int post_srq_recv(Srq *srq, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
-  std::lock_guard<std::mutex> g(srq->mu);
+  std::lock_guard<SpinLock> g(srq->mu);
   return rq_post(srq->sh, srq->max_wr, wr, bad);
 }
 
