@@ -64,15 +64,7 @@ TEST(QpEx, WrSendWithSetSge) {
         EXPECT_EQ(wc.wr_id, 7u);
         EXPECT_EQ(wc.opcode, IBV_WC_SEND);
       },
-      [](Channel &ch) {
-        RcEnd b;
-        ASSERT_EQ(0, b.post_recv(1, 0, 4096));
-        b.connect(ch);
-        ibv_wc wc = b.wait_wc();
-        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-        EXPECT_EQ(wc.byte_len, 500u);
-        EXPECT_TRUE(has_pattern(b.buf.span(0, 500), 1));
-      });
+      [](Channel &ch) { receive_one_message(ch, RcOptions{}, 500, 1); });
 }
 
 TEST(QpEx, WrSendImmWithSetSgeList) {
@@ -214,15 +206,7 @@ TEST(QpEx, WrSetInlineDataIsCopiedAtPostTime) {
         ASSERT_EQ(0, ibv_wr_complete(qpx));
         EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
       },
-      [](Channel &ch) {
-        RcEnd b;
-        ASSERT_EQ(0, b.post_recv(1, 0, 4096));
-        b.connect(ch);
-        ibv_wc wc = b.wait_wc();
-        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-        EXPECT_EQ(wc.byte_len, 40u);
-        EXPECT_TRUE(has_pattern(b.buf.span(0, 40), 5));
-      });
+      [](Channel &ch) { receive_one_message(ch, RcOptions{}, 40, 5); });
 }
 
 TEST(QpEx, SeveralWrsInOneBatchCompleteInOrder) {

@@ -83,15 +83,7 @@ TEST(RcSend, WorksOverAConnectionAddressedWithAGrh) {
         ASSERT_EQ(0, a.post_send(1, 0, 128));
         EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
       },
-      [&](Channel &ch) {
-        RcEnd b(options);
-        ASSERT_EQ(0, b.post_recv(1, 0, 4096));
-        b.connect(ch);
-        ibv_wc wc = b.wait_wc();
-        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-        EXPECT_EQ(wc.byte_len, 128u);
-        EXPECT_TRUE(has_pattern(b.buf.span(0, 128), 3));
-      });
+      [&](Channel &ch) { receive_one_message(ch, options, 128, 3); });
 }
 
 TEST(RcSend, GathersAndScattersAcrossSeveralSges) {
@@ -146,15 +138,7 @@ TEST(RcSend, InlineDataIsCopiedAtPostTime) {
         data.fill(0xee);
         EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
       },
-      [](Channel &ch) {
-        RcEnd b;
-        ASSERT_EQ(0, b.post_recv(1, 0, 4096));
-        b.connect(ch);
-        ibv_wc wc = b.wait_wc();
-        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-        EXPECT_EQ(wc.byte_len, 48u);
-        EXPECT_TRUE(has_pattern(b.buf.span(0, 48), 5));
-      });
+      [](Channel &ch) { receive_one_message(ch, RcOptions{}, 48, 5); });
 }
 
 TEST(RcWrite, InlineWriteIsCopiedAtPostTime) {

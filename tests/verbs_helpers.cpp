@@ -601,4 +601,14 @@ Endpoint UdEnd::local() const {
   return ep;
 }
 
+void receive_one_message(Channel &ch, const RcOptions &options, uint32_t byte_len, uint32_t seed) {
+  RcEnd b(options);
+  ASSERT_EQ(0, b.post_recv(1, 0, 4096));
+  b.connect(ch);
+  ibv_wc wc = b.wait_wc();
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, byte_len);
+  EXPECT_TRUE(has_pattern(b.buf.span(0, byte_len), seed));
+}
+
 }  // namespace pcientb::test

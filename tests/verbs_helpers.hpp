@@ -274,6 +274,11 @@ struct RcEnd {
   }
 };
 
+// The receiving side of a one-message test: posts one 4096-byte receive,
+// connects, and expects one successful completion of `byte_len` bytes holding
+// pattern `seed`.
+void receive_one_message(Channel &ch, const RcOptions &options, uint32_t byte_len, uint32_t seed);
+
 struct UdOptions {
   size_t buffer_size = 64 * 1024;
   uint32_t qkey = 0x11111111;
