@@ -437,6 +437,52 @@ TEST(QpStateTraffic, ErrResetAndReconnectCarriesDataAgain) {
       });
 }
 
+// Small SENDs reserve receives the sender knows were posted; a receiver that
+// resets with such SENDs unpolled loses them with its receives, and a sender
+// that knew of the old receives must not deliver into ones not posted yet.
+TEST(QpStateTraffic, ResetWithUnpolledSmallSendsThenReconnectDeliversOnlyNewOnes) {
+  auto recycle = [](RcEnd &end) {
+    ASSERT_EQ(0, modify_qp(end.qp(), state_attr(IBV_QPS_RESET), IBV_QP_STATE));
+    ASSERT_EQ(0, modify_qp(end.qp(), init_attr(kRemoteAll), kInitMask));
+    end.rc.psn = (end.rc.psn + 1000) & 0xffffff;
+  };
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        for (uint64_t i = 1; i <= 3; ++i) {
+          fill_pattern(a.buf.span(0, 8), 1);
+          ASSERT_EQ(0, a.post_send(i, 0, 8));
+          EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        }
+        ch.signal();
+        ASSERT_EQ(0, modify_qp(a.qp(), state_attr(IBV_QPS_ERR), IBV_QP_STATE));
+        recycle(a);
+        a.connect(ch);
+        fill_pattern(a.buf.span(0, 8), 2);
+        ASSERT_EQ(0, a.post_send(4, 0, 8));  // before the peer posts: RNR, retried
+        ibv_wc wc = a.wait_wc();
+        EXPECT_EQ(wc.wr_id, 4u);
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      },
+      [&](Channel &ch) {
+        RcEnd b;
+        for (uint64_t i = 1; i <= 8; ++i) ASSERT_EQ(0, b.post_recv(i, 64 * i, 64));
+        b.connect(ch);
+        ch.wait();  // the three SENDs arrived, unpolled
+        recycle(b);
+        b.connect(ch);
+        EXPECT_TRUE(stays_empty(b.cq(), 100ms)) << "a completion from before the reset";
+        ASSERT_EQ(0, b.post_recv(10, 0, 64));
+        ibv_wc wc = b.wait_wc();
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        EXPECT_EQ(wc.wr_id, 10u);
+        EXPECT_EQ(wc.byte_len, 8u);
+        EXPECT_TRUE(has_pattern(b.buf.span(0, 8), 2));
+        EXPECT_TRUE(stays_empty(b.cq(), 100ms));
+      });
+}
+
 // A SEND posted while the send queue is drained (SQD) waits until the QP is
 // back in RTS.
 TEST(QpStateTraffic, SendPostedInSqdIsHeldUntilRts) {

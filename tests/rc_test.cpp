@@ -267,6 +267,71 @@ TEST(RcSend, ManySendsArriveInOrder) {
       });
 }
 
+// Small SENDs travel in their completion (the eager path), larger ones are
+// placed by the sender, WRITE with immediate reserves a receive: mixed on one
+// QP, they consume the receives in order and each lands whole.
+TEST(RcSend, SmallLargeAndWriteWithImmInterleavedArriveInOrder) {
+  constexpr uint32_t kMessages = 700, kSlots = 32, kSlotSize = 4096;
+  constexpr uint32_t kSizes[] = {0, 1, 8, 23, 24, 25, 64, 4096};
+  auto size_of = [&](uint32_t seq) { return kSizes[seq % std::size(kSizes)]; };
+  auto imm_of = [](uint32_t seq) { return seq % 3 == 1; };
+  auto write_of = [](uint32_t seq) { return seq % 5 == 4; };  // WRITE with immediate
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a(RcOptions{.buffer_size = 2 * kSlots * kSlotSize});
+        a.connect(ch);
+        uint32_t completed = 0;
+        for (uint32_t seq = 0; seq < kMessages; ++seq) {
+          while (seq - completed >= kSlots / 2) {
+            ibv_wc wc = a.wait_wc();
+            ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "wr_id " << wc.wr_id;
+            ASSERT_EQ(wc.wr_id, completed++);
+          }
+          size_t slot = (seq % kSlots) * kSlotSize;
+          fill_pattern(a.buf.span(slot, size_of(seq)), seq);
+          SendWr wr(write_of(seq) ? IBV_WR_RDMA_WRITE_WITH_IMM
+                    : imm_of(seq) ? IBV_WR_SEND_WITH_IMM
+                                  : IBV_WR_SEND,
+                    seq);
+          if (size_of(seq)) wr.sge(a.sge(slot, size_of(seq)));
+          if (write_of(seq)) wr.remote(a.raddr(kSlots * kSlotSize + slot), a.rkey());
+          if (write_of(seq) || imm_of(seq)) wr.imm(0x1000 + seq);
+          ASSERT_EQ(0, wr.post(a.qp()));
+        }
+        for (; completed < kMessages; ++completed) {
+          ibv_wc wc = a.wait_wc();
+          ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+          ASSERT_EQ(wc.wr_id, completed);
+        }
+      },
+      [&](Channel &ch) {
+        RcEnd b(RcOptions{.buffer_size = 2 * kSlots * kSlotSize});
+        uint64_t next_wr = 0;
+        auto post = [&] {
+          size_t slot = (next_wr % kSlots) * kSlotSize;
+          return b.post_recv(next_wr++, slot, kSlotSize);
+        };
+        for (uint32_t s = 0; s < kSlots; ++s) ASSERT_EQ(0, post());
+        b.connect(ch);
+        for (uint32_t seq = 0; seq < kMessages; ++seq) {
+          ibv_wc wc = b.wait_wc();
+          ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "message " << seq;
+          ASSERT_EQ(wc.wr_id, seq) << "receives consumed out of order";
+          ASSERT_EQ(wc.opcode, write_of(seq) ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV);
+          ASSERT_EQ(wc.byte_len, size_of(seq));
+          ASSERT_EQ(wc.qp_num, b.qp()->qp_num);
+          ASSERT_EQ(wc.src_qp, b.remote().qpn);
+          bool imm = write_of(seq) || imm_of(seq);
+          ASSERT_EQ((wc.wc_flags & IBV_WC_WITH_IMM) != 0, imm);
+          if (imm) ASSERT_EQ(ntohl(wc.imm_data), 0x1000 + seq);
+          size_t slot = (seq % kSlots) * kSlotSize;
+          size_t at = write_of(seq) ? kSlots * kSlotSize + slot : slot;
+          ASSERT_TRUE(has_pattern(b.buf.span(at, size_of(seq)), seq)) << "message " << seq;
+          ASSERT_EQ(0, post());
+        }
+      });
+}
+
 // ---- RDMA WRITE -----------------------------------------------------------------
 
 TEST(RcWrite, LandsInRemoteMemoryWithoutConsumingAReceive) {

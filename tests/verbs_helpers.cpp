@@ -499,7 +499,8 @@ bool is_one_of(int value, std::initializer_list<int> allowed) {
 
 RcQp::RcQp(Node &node, const RcOptions &options, ibv_srq *srq) {
   if (options.comp_channel) channel = create_comp_channel(node.ctx.get());
-  const int cqe = static_cast<int>(options.max_send_wr + options.max_recv_wr + 16);
+  const int cqe =
+      options.cqe ? options.cqe : static_cast<int>(options.max_send_wr + options.max_recv_wr + 16);
   if (options.cq_ex_wc_flags)
     cq = create_cq_ex(node.ctx.get(), cqe, options.cq_ex_wc_flags, &cq_ex, channel.get());
   else

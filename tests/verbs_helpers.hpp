@@ -221,6 +221,7 @@ struct RcOptions {
   uint32_t max_recv_wr = 64;
   uint32_t max_sge = 4;
   uint32_t max_inline = 64;
+  int cqe = 0;  // 0: room for both queues
   bool sq_sig_all = false;
   uint64_t send_ops_flags = 0;  // non-zero: created with ibv_create_qp_ex
   bool comp_channel = false;    // the CQ reports to a completion channel

@@ -3,7 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/engine.hpp"
+#include "engine/responder.hpp"
 
 namespace pcientb::engine {
 namespace {
@@ -24,12 +24,15 @@ bool take(Cq *cq, ibv_wc *wc) {
     uint64_t pos;
     RingSlot *s = ring_take_single(&cq->sh->ring, &pos);
     if (!s) return false;
-    auto *slot = reinterpret_cast<CqSlot *>(s);
-    uint64_t ticket = slot->sq_ticket;
-    *wc = slot->wc;
+    CqEntry e = reinterpret_cast<CqSlot *>(s)->e;
     ring_release(&cq->sh->ring, s, pos);
-    if (ticket & kDiscarded) continue;
-    if (ticket) cq->ctx->node->retire(ticket);
+    if (e.sq_ticket & CqEntry::kDiscarded) continue;
+    if (e.sq_ticket & CqEntry::kEager) {
+      if (!deliver_eager(*cq->ctx->node, e.eager, wc)) continue;
+      return true;
+    }
+    *wc = e.wc;
+    if (e.sq_ticket) cq->ctx->node->retire(e.sq_ticket);
     return true;
   }
 }
@@ -198,9 +201,7 @@ int resize_cq(Cq *cq, int cqe) {
   while (RingSlot *old = ring_take_single(&cq->sh->ring, &from)) {
     uint64_t pos;
     RingSlot *s = ring_reserve(&sh->ring, &pos);
-    auto *to = reinterpret_cast<CqSlot *>(s);
-    to->wc = reinterpret_cast<CqSlot *>(old)->wc;
-    to->sq_ticket = reinterpret_cast<CqSlot *>(old)->sq_ticket;
+    reinterpret_cast<CqSlot *>(s)->e = reinterpret_cast<CqSlot *>(old)->e;
     ring_publish(&sh->ring, s, pos);
     ring_release(&cq->sh->ring, old, from);
   }
@@ -220,12 +221,12 @@ void cq_discard_qp(Cq *cq, uint32_t qp_num) {
     RingSlot *s = ring_slot(r, pos);
     if (ring_seq(r, s, pos) != pos + 1) break;  // not published yet: nothing of ours after
     auto *slot = reinterpret_cast<CqSlot *>(s);
-    if (slot->wc.qp_num == qp_num) slot->sq_ticket |= kDiscarded;
+    if (slot->e.qp_num() == qp_num) slot->e.sq_ticket |= CqEntry::kDiscarded;
   }
 }
 
-bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
-             bool solicited, uint64_t sq_ticket) {
+bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const CqEntry &e,
+             bool solicited) {
   uint64_t pos;
   RingSlot *s = ring_reserve(&cq->ring, &pos);
   if (!s) {
@@ -235,15 +236,15 @@ bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_w
     }
     return false;
   }
-  reinterpret_cast<CqSlot *>(s)->wc = wc;
-  reinterpret_cast<CqSlot *>(s)->sq_ticket = sq_ticket;
+  reinterpret_cast<CqSlot *>(s)->e = e;
   ring_publish(&cq->ring, s, pos);
   if (cq->channel.fd < 0) return true;  // no channel: no event to raise
   // Pairs with the seq_cst store in req_notify_cq: either the owner sees the
   // entry when it polls after arming, or we see the arm.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   uint32_t a = cq->armed.load(std::memory_order_relaxed);
-  if (a == kArmNext || (a == kArmSolicited && (solicited || wc.status != IBV_WC_SUCCESS))) {
+  bool failed = !(e.sq_ticket & CqEntry::kEager) && e.wc.status != IBV_WC_SUCCESS;
+  if (a == kArmNext || (a == kArmSolicited && (solicited || failed))) {
     if (cq->armed.compare_exchange_strong(a, kDisarmed)) {
       uint64_t handle = cq->handle;
       ring_doorbell(fab, owner, cq->channel, &handle, sizeof handle);

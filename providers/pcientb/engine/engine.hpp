@@ -238,6 +238,16 @@ struct SendWqe {
   uint64_t not_before_ns;
 };
 
+// What a sender knows of a target's receive queue: how far it was posted
+// and, per eager class, below which position WQEs may not fit. Kept by the
+// sending QP and refreshed only when used up, so that a stream of SENDs
+// does not read lines the receiver keeps writing.
+struct RqView {
+  const RqShared *rq = nullptr;
+  uint32_t qpn = 0;  // of the target QP: a new QP may get the old one's memory
+  uint64_t tail = 0;
+  uint64_t unfit_below[kEagerClasses] = {};
+};
 // The verbs glue wraps a QP (struct verbs_qp is private ABI) and points
 // `ibv` at the struct ibv_qp it hands out.
 struct Qp {
@@ -256,6 +266,7 @@ struct Qp {
   int attr_mask_seen = 0;
   fabric::Peer *peer = nullptr;  // RC destination, from RTR
   uint64_t peer_nonce = 0;
+  RqView peer_rq;  // of the RC destination, with sq_mu
 
   SpinLock sq_mu;               // posting and executing sends
   SpinLock rq_mu;               // posting receives
@@ -307,8 +318,8 @@ uint64_t progress_qp(Qp *qp);
 void qp_enter_error(Qp *qp);
 // Adds a completion to a CQ of `owner` (this node or a peer), raising the
 // completion event it is armed for. Returns false on overflow.
-bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
-             bool solicited, uint64_t sq_ticket = 0);
+bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const CqEntry &e,
+             bool solicited);
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len);
 void init_cq_ex(Cq *cq);

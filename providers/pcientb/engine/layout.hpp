@@ -90,16 +90,6 @@ inline RingSlot *ring_reserve(RingHeader *r, uint64_t *pos_out) {
     }
   }
 }
-// ring_reserve for a ring with one producer at a time (a receive queue, under
-// its owner's lock): no atomic read-modify-write on the tail.
-inline RingSlot *ring_reserve_single(RingHeader *r, uint64_t *pos_out) {
-  uint64_t pos = r->tail.load(std::memory_order_relaxed);
-  RingSlot *s = ring_slot(r, pos);
-  if (ring_seq(r, s, pos) != pos) return nullptr;
-  r->tail.store(pos + 1, std::memory_order_relaxed);
-  *pos_out = pos;
-  return s;
-}
 inline void ring_publish(RingHeader *r, RingSlot *s, uint64_t pos) {
   ring_set_seq(r, s, pos, pos + 1);
 }
@@ -136,6 +126,14 @@ inline RingSlot *ring_take_single(RingHeader *r, uint64_t *pos_out) {
 inline void ring_release(RingHeader *r, RingSlot *s, uint64_t pos) {
   ring_set_seq(r, s, pos, pos + r->mask + 1);
 }
+// Empties a ring; positions go on from `base` (>= every position used so far),
+// so that a peer's earlier view of the tail never covers a new slot.
+inline void ring_reinit_at(RingHeader *r, uint64_t base) {
+  for (uint64_t pos = base; pos < base + r->mask + 1; ++pos)
+    ring_set_seq(r, ring_slot(r, pos), pos, pos);
+  r->head.store(base, std::memory_order_relaxed);
+  r->tail.store(base, std::memory_order_release);
+}
 inline uint64_t ring_count(const RingHeader *r) {
   uint64_t t = r->tail.load(std::memory_order_acquire);
   uint64_t h = r->head.load(std::memory_order_acquire);
@@ -153,15 +151,48 @@ struct Doorbell {
 // --- completion queue ------------------------------------------------------
 enum ArmState : uint32_t { kDisarmed = 0, kArmNext = 1, kArmSolicited = 2 };
 
-struct CqSlot {
-  RingSlot hdr;
-  ibv_wc wc;
+// A SEND of at most kEagerMax bytes (or an RDMA WRITE with immediate) travels
+// in its completion: the sender reserves the receive WQE by position and
+// never reads it; the receiver's poll takes that WQE from its own memory and
+// places the bytes. One line crosses between the nodes, as in a ping-pong.
+constexpr uint32_t kEagerMax = 24;
+enum EagerFlags : uint32_t { kEagerImm = 1, kEagerWriteImm = 2 };
+struct EagerRecv {
+  uint64_t rq_pos;  // the receive WQE reserved for it
+  uint32_t qp_num;  // the receiving QP (its peer is the QP's destination)
+  uint32_t byte_len;
+  __be32 imm_data;
+  uint32_t flags;
+  uint8_t data[kEagerMax];
+};
+static_assert(sizeof(EagerRecv) == sizeof(ibv_wc));
+
+// What a producer writes into a CQ slot.
+struct CqEntry {
+  union {
+    ibv_wc wc;
+    EagerRecv eager;  // when sq_ticket has kEager
+  };
   // A send completion retires its WR and those before it from the send
   // queue once polled: QP index << 48 | the WR's number. 0 for receives.
   // kDiscarded marks an entry that polling skips.
   uint64_t sq_ticket;
+
+  uint32_t qp_num() const { return (sq_ticket & kEager) ? eager.qp_num : wc.qp_num; }
+  static constexpr uint64_t kDiscarded = uint64_t{1} << 63;
+  static constexpr uint64_t kEager = uint64_t{1} << 62;
 };
-constexpr uint64_t kDiscarded = uint64_t{1} << 63;
+inline CqEntry entry_of(const ibv_wc &wc, uint64_t sq_ticket = 0) {
+  CqEntry e;
+  e.wc = wc;
+  e.sq_ticket = sq_ticket;
+  return e;
+}
+
+struct CqSlot {
+  RingSlot hdr;
+  CqEntry e;
+};
 static_assert(sizeof(CqSlot) <= 64);
 constexpr uint32_t kCqSlotSize = 64;
 
@@ -186,6 +217,16 @@ inline uint32_t recv_slot_size(uint32_t max_sge) {
   return static_cast<uint32_t>((sizeof(RecvWqe) + max_sge * sizeof(ibv_sge) + 63) & ~size_t{63});
 }
 
+// The sizes a posted receive can be known to hold without reading it: a
+// sender of an eager SEND of n bytes needs room of kEagerRoom[eager_class(n)].
+constexpr uint32_t kEagerRoom[] = {0, 1, 2, 4, 8, 16, kEagerMax};
+constexpr uint32_t kEagerClasses = sizeof(kEagerRoom) / sizeof(kEagerRoom[0]);
+inline uint32_t eager_class(uint64_t len) {
+  uint32_t c = 0;
+  while (kEagerRoom[c] < len) ++c;
+  return c;
+}
+
 struct RqShared {
   uint32_t max_sge;
   uint32_t pd;
@@ -194,6 +235,9 @@ struct RqShared {
   Off cq;           // an SRQ's completions go to the receiving QP's CQ; unused
   Doorbell async;   // where SRQ-limit events go
   uint64_t handle;  // the owner's struct ibv_srq *
+  // Per class: 1 + the position of the last WQE posted that lacks the room
+  // (or has an invalid lkey). Written before the tail that publishes it.
+  alignas(64) std::atomic<uint64_t> unfit_below[kEagerClasses];
   RingHeader ring;  // slots follow
 };
 

@@ -282,7 +282,7 @@ int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
   int err;
   {
     std::lock_guard<SpinLock> g(qp->rq_mu);
-    err = rq_post(qp->rq, qp->cap.max_recv_wr, wr, bad);
+    err = rq_post(qp->ctx->node->root(), qp->rq, qp->cap.max_recv_wr, wr, bad);
   }
   // Receives posted to a failed QP complete at once, flushed.
   if (qp->state() == IBV_QPS_ERR) {

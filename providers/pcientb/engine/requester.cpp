@@ -102,6 +102,32 @@ ibv_wc recv_wc(Qp *qp, const SendWqe &w, QpShared *target, uint64_t wr_id, uint3
   return wc;
 }
 
+// The receive completion of an eager SEND (its bytes inside) or of a WRITE
+// with immediate, for the WQE reserved at pos.
+CqEntry eager_entry(const SendWqe &w, QpShared *target, uint64_t pos, const Gather &src,
+                    uint64_t len) {
+  CqEntry e;
+  e.sq_ticket = CqEntry::kEager;
+  EagerRecv &r = e.eager;
+  r.rq_pos = pos;
+  r.qp_num = target->qpn.load(std::memory_order_relaxed);
+  r.byte_len = static_cast<uint32_t>(len);
+  r.imm_data = w.imm;
+  r.flags = 0;
+  if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+    r.flags |= kEagerImm;
+  if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    r.flags |= kEagerWriteImm;
+    return e;
+  }
+  uint64_t at = 0;
+  for (uint32_t i = 0; i < src.n; ++i) {
+    memcpy(r.data + at, src.ptr[i], src.len[i]);
+    at += src.len[i];
+  }
+  return e;
+}
+
 void fill_grh(Qp *qp, const Ah *ah, uint32_t payload, uint8_t *grh) {
   memset(grh, 0, kGrhBytes);
   uint32_t word0 = htobe32((6u << 28) | (uint32_t{ah->attr.grh.traffic_class} << 20) |
@@ -161,7 +187,8 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     wc.status = s;
     wc.byte_len = 0;
   }
-  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
+  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), entry_of(wc),
+              w.flags & IBV_SEND_SOLICITED);
   return done(IBV_WC_SUCCESS);
 }
 
@@ -225,9 +252,10 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
       // A zero-length write touches no memory and needs no valid rkey.
       if (len && !remote_ok(IBV_ACCESS_REMOTE_WRITE, len)) return done(IBV_WC_REM_ACCESS_ERR);
-      RecvCopy r;
       auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
-      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && (!rq || !rq_take(fab, *peer, rq, &r)))
+      uint64_t pos = 0;
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM &&
+          (!rq || rq_reserve(fab, *peer, t, rq, &qp->peer_rq, -1, &pos) != Reserve::ok))
         return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
       uint64_t off = 0;
       for (uint32_t i = 0; i < src.n; ++i) {
@@ -237,16 +265,29 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         off += src.len[i];
       }
       if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-        complete_to(fab, *peer, t, at<CqShared>(root, t->rcq),
-                    recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len)),
+        complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), eager_entry(w, t, pos, src, len),
                     w.flags & IBV_SEND_SOLICITED);
       return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
     }
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: {
-      RecvCopy r;
       auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
-      if (!rq || !rq_take(fab, *peer, rq, &r))
+      if (!rq) return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
+      if (len <= kEagerMax) {
+        uint64_t pos;
+        Reserve got =
+            rq_reserve(fab, *peer, t, rq, &qp->peer_rq, static_cast<int>(eager_class(len)), &pos);
+        if (got == Reserve::empty)
+          return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
+        if (got == Reserve::ok) {
+          complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), eager_entry(w, t, pos, src, len),
+                      w.flags & IBV_SEND_SOLICITED);
+          return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+        }
+        // unfit: the receive may be too small or bad; it answers as below.
+      }
+      RecvCopy r;
+      if (!rq_take(fab, *peer, rq, &r))
         return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
       ibv_wc_status s = scatter(fab, *peer, root, rq->pd, r, 0, src, len);
       ibv_wc wc = recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len));
@@ -259,7 +300,8 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         responder_error(fab, *peer, t, wc);
         return done(s == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
       }
-      complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
+      complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), entry_of(wc),
+                  w.flags & IBV_SEND_SOLICITED);
       return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
     }
     default:
@@ -287,8 +329,8 @@ void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len)
   wc.qp_num = qp->ibv->qp_num;
   if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) wc.vendor_err = 1;
   Node &node = *qp->ctx->node;
-  complete_to(node.fab(), node.self(), qp->sh, qp->scq->sh, wc, false,
-              (uint64_t{qp->idx} << 48) | w.seq);
+  complete_to(node.fab(), node.self(), qp->sh, qp->scq->sh,
+              entry_of(wc, (uint64_t{qp->idx} << 48) | w.seq), false);
 }
 
 // With sq_mu held: the QP fails; everything it holds completes flushed.

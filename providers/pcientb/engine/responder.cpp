@@ -23,12 +23,11 @@ Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd) {
 }
 
 void rq_reset(RqShared *rq) {
-  uint32_t capacity = rq->ring.mask + 1;
-  memset(reinterpret_cast<uint8_t *>(&rq->ring + 1), 0, size_t{capacity} * rq->ring.slot_size);
-  ring_init(&rq->ring, capacity, rq->ring.slot_size);
+  ring_reinit_at(&rq->ring, rq->ring.tail.load(std::memory_order_relaxed));
 }
 
-int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
+int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr,
+            ibv_recv_wr **bad) {
   RingHeader *r = &rq->ring;
   for (; wr; wr = wr->next) {
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > rq->max_sge) {
@@ -38,43 +37,89 @@ int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **
     // Full when the WQE max_wr places back is not consumed yet. That slot's
     // line was last written long ago; the head, which senders write on every
     // message, is never read here.
-    uint64_t tail = r->tail.load(std::memory_order_relaxed);
-    bool room = tail < max_wr;
+    uint64_t pos = r->tail.load(std::memory_order_relaxed);
+    bool room = pos < max_wr;
     if (!room) {
-      uint64_t back = tail - max_wr;
+      uint64_t back = pos - max_wr;
       room = ring_seq(r, ring_slot(r, back), back) == back + r->mask + 1;
     }
-    uint64_t pos;
-    RingSlot *s = room ? ring_reserve_single(r, &pos) : nullptr;
-    if (!s) {
+    RingSlot *s = ring_slot(r, pos);
+    if (!room || ring_seq(r, s, pos) != pos) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return ENOMEM;
     }
+    // What eager senders may assume of this WQE without reading it.
+    bool valid = true;
+    uint64_t total = 0;
+    MrShared mr;
+    for (int i = 0; i < wr->num_sge; ++i) {
+      const ibv_sge &g = wr->sg_list[i];
+      total += g.length;
+      valid = valid && (!g.length || mr_check(root, g.lkey, false, rq->pd, IBV_ACCESS_LOCAL_WRITE,
+                                              g.addr, g.length, &mr));
+    }
+    for (uint32_t c = 0; c < kEagerClasses; ++c)
+      if (!valid || total < kEagerRoom[c])
+        rq->unfit_below[c].store(pos + 1, std::memory_order_relaxed);
     auto *w = reinterpret_cast<RecvWqe *>(s);
     w->wr_id = wr->wr_id;
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
     if (w->num_sge) memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
     ring_publish(r, s, pos);
+    // The tail moves last: a sender that sees it sees the WQE and its class.
+    r->tail.store(pos + 1, std::memory_order_release);
   }
   return 0;
 }
 
-bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out) {
-  uint64_t pos;
-  RingSlot *s = ring_take(&rq->ring, &pos);
-  if (!s) return false;
-  auto *w = reinterpret_cast<RecvWqe *>(s);
-  out->wr_id = w->wr_id;
-  out->num_sge = std::min(w->num_sge, kMaxSge);
-  memcpy(out->sge, w->sge, sizeof(ibv_sge) * out->num_sge);
-  ring_release(&rq->ring, s, pos);
-  // SRQ limit: one event when the queue falls below it, then disarmed.
+namespace {
+// SRQ limit: one event when the queue falls below it, then disarmed.
+void check_limit(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq) {
   uint32_t limit = rq->limit.load(std::memory_order_relaxed);
   if (limit && ring_count(&rq->ring) < limit && rq->limit.compare_exchange_strong(limit, 0)) {
     AsyncRecord rec{rq->handle, IBV_EVENT_SRQ_LIMIT_REACHED, 0};
     ring_doorbell(fab, owner, rq->async, &rec, sizeof rec);
   }
+}
+
+void copy_wqe(const RecvWqe *w, RecvCopy *out) {
+  out->wr_id = w->wr_id;
+  out->num_sge = std::min(w->num_sge, kMaxSge);
+  memcpy(out->sge, w->sge, sizeof(ibv_sge) * out->num_sge);
+}
+}  // namespace
+
+bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out) {
+  uint64_t pos;
+  RingSlot *s = ring_take(&rq->ring, &pos);
+  if (!s) return false;
+  copy_wqe(reinterpret_cast<RecvWqe *>(s), out);
+  ring_release(&rq->ring, s, pos);
+  check_limit(fab, owner, rq);
   return true;
+}
+
+Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, RqShared *rq,
+                   RqView *view, int cls, uint64_t *pos_out) {
+  uint32_t qpn = target->qpn.load(std::memory_order_relaxed);
+  if (view->rq != rq || view->qpn != qpn) *view = RqView{rq, qpn};
+  RingHeader *r = &rq->ring;
+  uint64_t pos = r->head.load(std::memory_order_relaxed);
+  for (;;) {
+    if (pos >= view->tail || (cls >= 0 && pos < view->unfit_below[cls])) {
+      // What this sender knew is used up: one look at the owner's lines.
+      view->tail = r->tail.load(std::memory_order_acquire);
+      for (uint32_t c = 0; c < kEagerClasses; ++c)
+        view->unfit_below[c] = rq->unfit_below[c].load(std::memory_order_relaxed);
+      pos = r->head.load(std::memory_order_relaxed);
+      if (pos >= view->tail) return Reserve::empty;
+      if (cls >= 0 && pos < view->unfit_below[cls]) return Reserve::unfit;
+    }
+    if (r->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
+  }
+  *pos_out = pos;
+  check_limit(fab, owner, rq);
+  return Reserve::ok;
 }
 
 // ---- memory checks -------------------------------------------------------------
@@ -143,8 +188,8 @@ ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, u
 }
 
 void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
-                 const ibv_wc &wc, bool solicited, uint64_t sq_ticket) {
-  if (!cq || cq_push(fab, owner, cq, wc, solicited, sq_ticket)) return;
+                 const CqEntry &e, bool solicited) {
+  if (!cq || cq_push(fab, owner, cq, e, solicited)) return;
   uint32_t s = qp->state.load();
   while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
          !qp->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
@@ -154,14 +199,58 @@ void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShare
   ring_doorbell(fab, owner, qp->async, &rec, sizeof rec);
 }
 
-void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc) {
-  complete_to(fab, peer, target, at<CqShared>(peer.area(), target->rcq), wc, true);
+void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
   uint32_t s = target->state.load();
   while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
          !target->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
   }
   if (s == IBV_QPS_RESET) return;
   rq_flush(fab, peer, target);
+}
+
+void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc) {
+  complete_to(fab, peer, target, at<CqShared>(peer.area(), target->rcq), entry_of(wc), true);
+  fail_target(fab, peer, target);
+}
+
+bool deliver_eager(Node &node, const EagerRecv &e, ibv_wc *wc) {
+  AreaRoot *root = node.root();
+  QpShared *t = &root->qps[e.qp_num & (kMaxQps - 1)];
+  if (t->qpn.load(std::memory_order_acquire) != e.qp_num) return false;  // QP gone
+  auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
+  if (!rq) return false;
+  // The sender saw the WQE published; a slot in another state was reset
+  // under it, and the message went with the reset.
+  RingSlot *s = ring_slot(&rq->ring, e.rq_pos);
+  if (ring_seq(&rq->ring, s, e.rq_pos) != e.rq_pos + 1) return false;
+  RecvCopy r;
+  copy_wqe(reinterpret_cast<RecvWqe *>(s), &r);
+  ring_release(&rq->ring, s, e.rq_pos);
+
+  *wc = ibv_wc{};
+  wc->wr_id = r.wr_id;
+  wc->opcode = (e.flags & kEagerWriteImm) ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  wc->byte_len = e.byte_len;
+  wc->qp_num = e.qp_num;
+  wc->src_qp = t->dest_qpn;
+  wc->slid = t->dest_lid;
+  if (e.flags & kEagerImm) {
+    wc->imm_data = e.imm_data;
+    wc->wc_flags = IBV_WC_WITH_IMM;
+  }
+  if (e.flags & kEagerWriteImm) return true;
+  Gather src;
+  src.ptr[0] = e.data;
+  src.len[0] = e.byte_len;
+  src.n = 1;
+  wc->status = scatter(node.fab(), node.self(), root, rq->pd, r, 0, src, e.byte_len);
+  if (wc->status != IBV_WC_SUCCESS) {
+    // Only a receive whose memory went away since it was posted: the
+    // sender, told otherwise, has completed already.
+    wc->byte_len = 0;
+    fail_target(node.fab(), node.self(), t);
+  }
+  return true;
 }
 
 void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
@@ -175,7 +264,7 @@ void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = target->qpn.load(std::memory_order_relaxed);
-    cq_push(fab, peer, rcq, wc, true);
+    cq_push(fab, peer, rcq, entry_of(wc), true);
   }
 }
 

@@ -22,12 +22,22 @@ struct Gather {
 };
 
 Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd);
+// Drops every WQE; positions go on from where they were (see RqView).
 void rq_reset(RqShared *rq);
 // The owner posts (one thread at a time); at most max_wr WQEs not consumed.
-int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad);
+int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr,
+            ibv_recv_wr **bad);
 // Takes the next receive WQE of a (possibly remote) queue; raises the SRQ
 // limit event of its owner when that is due.
 bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out);
+
+enum class Reserve { ok, empty, unfit };
+// Reserves the next receive WQE of a (possibly remote) queue without reading
+// it, for an eager SEND of class cls (or, cls < 0, a WRITE with immediate,
+// which needs no room): the receiver's poll consumes it. `empty` is an RNR;
+// `unfit` leaves the WQE to rq_take.
+Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, RqShared *rq,
+                   RqView *view, int cls, uint64_t *pos_out);
 // Completes every WQE left on a QP's own receive queue with a flush error.
 void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target);
 
@@ -44,10 +54,17 @@ ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, u
 // Adds a completion of QP qp (of `owner`) to cq. An HCA that cannot write a
 // completion (the CQ overran) fails the QP and tells its owner: QP_FATAL.
 void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
-                 const ibv_wc &wc, bool solicited, uint64_t sq_ticket = 0);
+                 const CqEntry &e, bool solicited);
 
 // A responder-side error: completes wc on the target's receive CQ, moves the
 // target QP to ERR and flushes its receive queue.
 void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc);
+// The second half of that: the target QP to ERR, its receive queue flushed.
+void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target);
+
+// At the receiver's poll: the completion of an eager entry of this node,
+// with its WQE consumed and its bytes placed. False when the entry is void
+// (its QP was destroyed or reset since).
+bool deliver_eager(Node &node, const EagerRecv &e, ibv_wc *wc);
 
 }  // namespace pcientb::engine

@@ -74,7 +74,7 @@ int destroy_srq(Srq *srq) {
 
 int post_srq_recv(Srq *srq, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
   std::lock_guard<SpinLock> g(srq->mu);
-  return rq_post(srq->sh, srq->max_wr, wr, bad);
+  return rq_post(srq->ctx->node->root(), srq->sh, srq->max_wr, wr, bad);
 }
 
 }  // namespace pcientb::engine
