@@ -164,6 +164,49 @@ TEST(Srq, ReceivesFromTwoQpsComeFromOneSrq) {
       });
 }
 
+// Small SENDs hold their SRQ receives until their completions are polled; a
+// QP destroyed before that gives them back (as mlx5 cleans its CQ): the SRQ
+// takes max_wr new receives, and nothing of the old QP is reported.
+TEST(Srq, DestroyingAQpWithUnpolledSmallSendsGivesTheirReceivesBack) {
+  constexpr uint32_t kMaxWr = 4;
+  two_process(
+      [&](Channel &ch) {
+        TwoQpSender a;
+        a.first.connect(ch, a.first.endpoint(a.node, a.buf), {});
+        a.second.connect(ch, a.second.endpoint(a.node, a.buf), {});
+        for (uint64_t k = 0; k < kMaxWr; ++k) {
+          ASSERT_EQ(0, SendWr(IBV_WR_SEND, k).sge(a.buf.sge(0, 8)).post(a.first.qp.get()));
+          EXPECT_EQ(wait_wc(a.first.cq.get()).status, IBV_WC_SUCCESS);
+        }
+        ch.signal();
+        ch.wait();  // the peer destroyed its first QP and posted anew
+        fill_pattern(a.buf.span(0, 8), 9);
+        ASSERT_EQ(0, SendWr(IBV_WR_SEND, 9).sge(a.buf.sge(0, 8)).post(a.second.qp.get()));
+        EXPECT_EQ(wait_wc(a.second.cq.get()).status, IBV_WC_SUCCESS);
+      },
+      [&](Channel &ch) {
+        Node node;
+        Buffer buf{node.pd.get(), 64 * 1024};
+        SrqPtr srq = create_srq(node.pd.get(), kMaxWr);
+        RcQp first{node, {}, srq.get()};
+        RcQp second{node, {}, srq.get()};
+        auto post = [&](uint64_t i) { return RecvWr(i).sge(buf.sge(64 * i, 64)).post(srq.get()); };
+        for (uint64_t i = 0; i < kMaxWr; ++i) ASSERT_EQ(0, post(i));
+        first.connect(ch, first.endpoint(node, buf), {});
+        second.connect(ch, second.endpoint(node, buf), {});
+        ch.wait();  // four SENDs arrived on the first QP, unpolled
+        EXPECT_EQ(ENOMEM, post(kMaxWr)) << "the SRQ is full until the SENDs are polled";
+        first.qp.reset();
+        EXPECT_TRUE(stays_empty(first.cq.get(), 10ms)) << "a completion of a destroyed QP";
+        for (uint64_t i = kMaxWr; i < 2 * kMaxWr; ++i) ASSERT_EQ(0, post(i)) << "receive " << i;
+        ch.signal();
+        ibv_wc wc = wait_wc(second.cq.get());
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        EXPECT_EQ(wc.wr_id, kMaxWr);
+        EXPECT_TRUE(has_pattern(buf.span(64 * kMaxWr, 8), 9));
+      });
+}
+
 // An SRQ armed with limit 8 and holding 10 receives raises
 // IBV_EVENT_SRQ_LIMIT_REACHED when the third message leaves 7, and disarms.
 TEST(Srq, DroppingBelowTheLimitRaisesTheLimitEventOnce) {

@@ -20,20 +20,22 @@ Off alloc_ring(Node &node, uint32_t capacity) {
 }
 
 bool take(Cq *cq, ibv_wc *wc) {
+  RingHeader *ring = &cq->sh->ring;
   for (;;) {
     uint64_t pos;
-    RingSlot *s = ring_take_single(&cq->sh->ring, &pos);
+    RingSlot *s = mpsc_peek(ring, &pos);
     if (!s) return false;
-    CqEntry e = reinterpret_cast<CqSlot *>(s)->e;
-    ring_release(&cq->sh->ring, s, pos);
-    if (e.sq_ticket & CqEntry::kDiscarded) continue;
-    if (e.sq_ticket & CqEntry::kEager) {
-      if (!deliver_eager(*cq->ctx->node, e.eager, wc)) continue;
-      return true;
+    const CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;  // ours until popped
+    uint64_t ticket = e.sq_ticket;
+    bool got = !(ticket & CqEntry::kDiscarded);
+    if (got && (ticket & CqEntry::kEager)) {
+      got = deliver_eager(*cq->ctx->node, e.eager, wc);
+    } else if (got) {
+      *wc = e.wc;
+      if (ticket) cq->ctx->node->retire(ticket);
     }
-    *wc = e.wc;
-    if (e.sq_ticket) cq->ctx->node->retire(e.sq_ticket);
-    return true;
+    mpsc_pop(ring, pos);
+    if (got) return true;
   }
 }
 
@@ -198,12 +200,12 @@ int resize_cq(Cq *cq, int cqe) {
   sh->armed.store(cq->sh->armed.load());
   ring_init(&sh->ring, capacity, kCqSlotSize);
   uint64_t from;
-  while (RingSlot *old = ring_take_single(&cq->sh->ring, &from)) {
+  while (RingSlot *old = mpsc_peek(&cq->sh->ring, &from)) {
     uint64_t pos;
-    RingSlot *s = ring_reserve(&sh->ring, &pos);
+    RingSlot *s = mpsc_reserve(&sh->ring, &pos);
     reinterpret_cast<CqSlot *>(s)->e = reinterpret_cast<CqSlot *>(old)->e;
     ring_publish(&sh->ring, s, pos);
-    ring_release(&cq->sh->ring, old, from);
+    mpsc_pop(&cq->sh->ring, from);
   }
   node.free(cq->off);
   cq->off = off;
@@ -213,43 +215,58 @@ int resize_cq(Cq *cq, int cqe) {
   return 0;
 }
 
-void cq_discard_qp(Cq *cq, uint32_t qp_num) {
+void cq_discard_qp(Cq *cq, uint32_t qp_num, RqShared *srq) {
   std::lock_guard<SpinLock> g(cq->poll_mu);
   RingHeader *r = &cq->sh->ring;
   uint64_t tail = r->tail.load(std::memory_order_acquire);
   for (uint64_t pos = r->head.load(std::memory_order_acquire); pos < tail; ++pos) {
     RingSlot *s = ring_slot(r, pos);
     if (ring_seq(r, s, pos) != pos + 1) break;  // not published yet: nothing of ours after
-    auto *slot = reinterpret_cast<CqSlot *>(s);
-    if (slot->e.qp_num() == qp_num) slot->e.sq_ticket |= CqEntry::kDiscarded;
+    CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
+    if (e.qp_num() != qp_num || (e.sq_ticket & CqEntry::kDiscarded)) continue;
+    e.sq_ticket |= CqEntry::kDiscarded;
+    // The shared receive queue outlives the QP: give back the WQE it held.
+    if ((e.sq_ticket & CqEntry::kEager) && srq) rq_give_back(srq, e.eager.rq_pos);
   }
 }
 
-bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const CqEntry &e,
-             bool solicited) {
-  uint64_t pos;
-  RingSlot *s = ring_reserve(&cq->ring, &pos);
-  if (!s) {
-    if (!cq->overflow.exchange(1)) {
-      AsyncRecord rec{cq->handle, IBV_EVENT_CQ_ERR, 0};
-      ring_doorbell(fab, owner, cq->async, &rec, sizeof rec);
-    }
-    return false;
+CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t *pos) {
+  RingSlot *s = mpsc_reserve(&cq->ring, pos);
+  if (s) return &reinterpret_cast<CqSlot *>(s)->e;
+  if (!cq->overflow.exchange(1)) {
+    AsyncRecord rec{cq->handle, IBV_EVENT_CQ_ERR, 0};
+    ring_doorbell(fab, owner, cq->async, &rec, sizeof rec);
   }
-  reinterpret_cast<CqSlot *>(s)->e = e;
+  return nullptr;
+}
+
+void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
+               bool solicited) {
+  RingSlot *s = ring_slot(&cq->ring, pos);
+  const CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
+  bool failed = !(e.sq_ticket & CqEntry::kEager) && e.wc.status != IBV_WC_SUCCESS;
   ring_publish(&cq->ring, s, pos);
-  if (cq->channel.fd < 0) return true;  // no channel: no event to raise
+  if (cq->channel.fd < 0) return;  // no channel: no event to raise
   // Pairs with the seq_cst store in req_notify_cq: either the owner sees the
   // entry when it polls after arming, or we see the arm.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   uint32_t a = cq->armed.load(std::memory_order_relaxed);
-  bool failed = !(e.sq_ticket & CqEntry::kEager) && e.wc.status != IBV_WC_SUCCESS;
   if (a == kArmNext || (a == kArmSolicited && (solicited || failed))) {
     if (cq->armed.compare_exchange_strong(a, kDisarmed)) {
       uint64_t handle = cq->handle;
       ring_doorbell(fab, owner, cq->channel, &handle, sizeof handle);
     }
   }
+}
+
+bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
+             bool solicited) {
+  uint64_t pos;
+  CqEntry *e = cq_claim(fab, owner, cq, &pos);
+  if (!e) return false;
+  e->wc = wc;
+  e->sq_ticket = 0;
+  cq_commit(fab, owner, cq, pos, solicited);
   return true;
 }
 

@@ -291,8 +291,9 @@ int destroy_cq(Cq *cq);
 int poll_cq(Cq *cq, int n, ibv_wc *wc);
 int req_notify_cq(Cq *cq, bool solicited_only);
 int resize_cq(Cq *cq, int cqe);
-// Drops a QP's completions not yet polled from a CQ (the QP is being reset).
-void cq_discard_qp(Cq *cq, uint32_t qp_num);
+// Drops a QP's completions not yet polled from a CQ (the QP is being reset or
+// destroyed), giving back the SRQ WQEs that its eager entries held.
+void cq_discard_qp(Cq *cq, uint32_t qp_num, RqShared *srq);
 
 Srq *create_srq(Pd *pd, ibv_srq_init_attr *attr, int *err);
 int modify_srq(Srq *srq, const ibv_srq_attr *attr, int mask);
@@ -316,9 +317,15 @@ int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad);
 uint64_t progress_qp(Qp *qp);
 // Moves a QP to ERR from this process: flushes what it holds.
 void qp_enter_error(Qp *qp);
-// Adds a completion to a CQ of `owner` (this node or a peer), raising the
-// completion event it is armed for. Returns false on overflow.
-bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const CqEntry &e,
+// Adding a completion to a CQ of `owner` (this node or a peer): claim an
+// entry and fill it in place (no copy: the line goes to the owner once), then
+// commit it, which publishes it and raises the completion event the CQ is
+// armed for. cq_claim returns nullptr when the CQ overran (after CQ_ERR).
+CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t *pos);
+void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
+               bool solicited);
+// Both, for a receive-side completion; false on overflow.
+bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
              bool solicited);
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len);

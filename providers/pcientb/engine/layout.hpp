@@ -31,6 +31,7 @@ constexpr uint32_t kMaxRdAtom = 16;
 // empty ring; the payload follows.
 struct alignas(64) RingHeader {
   alignas(64) std::atomic<uint64_t> tail;  // producers
+  std::atomic<uint64_t> head_seen;         // producers of an MPSC ring: head, as last read
   alignas(64) std::atomic<uint64_t> head;  // consumers
   alignas(64) uint32_t mask;
   uint32_t slot_size;
@@ -72,24 +73,6 @@ inline size_t ring_bytes(uint32_t capacity, uint32_t slot_size) {
   return sizeof(RingHeader) + size_t{capacity} * slot_size;
 }
 
-// Reserves a slot to fill; nullptr when full. Publish with ring_publish.
-inline RingSlot *ring_reserve(RingHeader *r, uint64_t *pos_out) {
-  uint64_t pos = r->tail.load(std::memory_order_relaxed);
-  for (;;) {
-    RingSlot *s = ring_slot(r, pos);
-    auto dif = static_cast<int64_t>(ring_seq(r, s, pos) - pos);
-    if (dif == 0) {
-      if (r->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-        *pos_out = pos;
-        return s;
-      }
-    } else if (dif < 0) {
-      return nullptr;
-    } else {
-      pos = r->tail.load(std::memory_order_relaxed);
-    }
-  }
-}
 inline void ring_publish(RingHeader *r, RingSlot *s, uint64_t pos) {
   ring_set_seq(r, s, pos, pos + 1);
 }
@@ -113,16 +96,6 @@ inline RingSlot *ring_take(RingHeader *r, uint64_t *pos_out) {
     }
   }
 }
-// ring_take for a ring with one consumer at a time (a CQ, under its poll
-// lock): no atomic read-modify-write on the head.
-inline RingSlot *ring_take_single(RingHeader *r, uint64_t *pos_out) {
-  uint64_t pos = r->head.load(std::memory_order_relaxed);
-  RingSlot *s = ring_slot(r, pos);
-  if (ring_seq(r, s, pos) != pos + 1) return nullptr;
-  r->head.store(pos + 1, std::memory_order_relaxed);
-  *pos_out = pos;
-  return s;
-}
 inline void ring_release(RingHeader *r, RingSlot *s, uint64_t pos) {
   ring_set_seq(r, s, pos, pos + r->mask + 1);
 }
@@ -134,6 +107,37 @@ inline void ring_reinit_at(RingHeader *r, uint64_t base) {
   r->head.store(base, std::memory_order_relaxed);
   r->tail.store(base, std::memory_order_release);
 }
+// A ring with one consumer at a time (a CQ: its owner, under the poll lock)
+// and any number of producers (local and remote senders). Producers judge
+// room by the consumer's head (read only when their last reading of it is
+// used up) and the consumer never writes a slot: an entry moves one line
+// between the nodes, once.
+inline RingSlot *mpsc_reserve(RingHeader *r, uint64_t *pos_out) {
+  const uint64_t capacity = uint64_t{r->mask} + 1;
+  uint64_t pos = r->tail.load(std::memory_order_relaxed);
+  for (;;) {
+    if (pos - r->head_seen.load(std::memory_order_acquire) >= capacity) {
+      uint64_t head = r->head.load(std::memory_order_acquire);
+      r->head_seen.store(head, std::memory_order_release);
+      if (pos - head >= capacity) return nullptr;
+    }
+    if (r->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
+  }
+  *pos_out = pos;
+  return ring_slot(r, pos);
+}
+// The consumer's next published slot, or nullptr; mpsc_pop it once read.
+inline RingSlot *mpsc_peek(RingHeader *r, uint64_t *pos_out) {
+  uint64_t pos = r->head.load(std::memory_order_relaxed);
+  RingSlot *s = ring_slot(r, pos);
+  if (ring_seq(r, s, pos) != pos + 1) return nullptr;
+  *pos_out = pos;
+  return s;
+}
+inline void mpsc_pop(RingHeader *r, uint64_t pos) {
+  r->head.store(pos + 1, std::memory_order_release);  // after the slot was read
+}
+
 inline uint64_t ring_count(const RingHeader *r) {
   uint64_t t = r->tail.load(std::memory_order_acquire);
   uint64_t h = r->head.load(std::memory_order_acquire);
@@ -182,13 +186,6 @@ struct CqEntry {
   static constexpr uint64_t kDiscarded = uint64_t{1} << 63;
   static constexpr uint64_t kEager = uint64_t{1} << 62;
 };
-inline CqEntry entry_of(const ibv_wc &wc, uint64_t sq_ticket = 0) {
-  CqEntry e;
-  e.wc = wc;
-  e.sq_ticket = sq_ticket;
-  return e;
-}
-
 struct CqSlot {
   RingSlot hdr;
   CqEntry e;

@@ -8,6 +8,13 @@
 namespace pcientb::engine {
 namespace {
 
+// As an HCA's reset or destroy: the QP's completions not yet polled are gone.
+void discard_completions(Qp *qp) {
+  RqShared *srq = qp->srq ? qp->srq->sh : nullptr;
+  cq_discard_qp(qp->scq, qp->ibv->qp_num, srq);
+  if (qp->rcq != qp->scq) cq_discard_qp(qp->rcq, qp->ibv->qp_num, srq);
+}
+
 // Required and optional attributes of each transition (IBA 11.2.4.2, as the
 // kernel's ib_modify_qp_is_ok has them), for RC and UD.
 struct Rule {
@@ -214,9 +221,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
     if (next == IBV_QPS_RESET) {
       qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
       qp->backlog.clear();
-      // As an HCA's reset: the QP's completions not yet polled are gone too.
-      cq_discard_qp(qp->scq, qp->ibv->qp_num);
-      if (qp->rcq != qp->scq) cq_discard_qp(qp->rcq, qp->ibv->qp_num);
+      discard_completions(qp);
       qp->sq_posted = 0;
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
@@ -265,6 +270,7 @@ int destroy_qp(Qp *qp) {
   Node &node = *qp->ctx->node;
   qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
   node.retire_qp(qp);
+  discard_completions(qp);
   node.free(qp->rq_off);
   qp->pd->users--;
   qp->scq->users--;

@@ -102,30 +102,31 @@ ibv_wc recv_wc(Qp *qp, const SendWqe &w, QpShared *target, uint64_t wr_id, uint3
   return wc;
 }
 
-// The receive completion of an eager SEND (its bytes inside) or of a WRITE
-// with immediate, for the WQE reserved at pos.
-CqEntry eager_entry(const SendWqe &w, QpShared *target, uint64_t pos, const Gather &src,
-                    uint64_t len) {
-  CqEntry e;
-  e.sq_ticket = CqEntry::kEager;
-  EagerRecv &r = e.eager;
-  r.rq_pos = pos;
-  r.qp_num = target->qpn.load(std::memory_order_relaxed);
-  r.byte_len = static_cast<uint32_t>(len);
-  r.imm_data = w.imm;
-  r.flags = 0;
-  if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-    r.flags |= kEagerImm;
-  if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-    r.flags |= kEagerWriteImm;
-    return e;
-  }
-  uint64_t at = 0;
-  for (uint32_t i = 0; i < src.n; ++i) {
-    memcpy(r.data + at, src.ptr[i], src.len[i]);
-    at += src.len[i];
-  }
-  return e;
+// Completes an eager SEND (its bytes inside) or a WRITE with immediate at
+// the target, for the receive WQE reserved at pos.
+void complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const SendWqe &w,
+                    uint64_t pos, const Gather &src, uint64_t len) {
+  auto *cq = at<CqShared>(peer.area(), target->rcq);
+  complete_with(fab, peer, target, cq, w.flags & IBV_SEND_SOLICITED, [&](CqEntry &e) {
+    EagerRecv &r = e.eager;
+    r.rq_pos = pos;
+    r.qp_num = target->qpn.load(std::memory_order_relaxed);
+    r.byte_len = static_cast<uint32_t>(len);
+    r.imm_data = w.imm;
+    r.flags = 0;
+    if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+      r.flags |= kEagerImm;
+    if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+      r.flags |= kEagerWriteImm;
+    } else {
+      uint64_t at = 0;
+      for (uint32_t i = 0; i < src.n; ++i) {
+        memcpy(r.data + at, src.ptr[i], src.len[i]);
+        at += src.len[i];
+      }
+    }
+    e.sq_ticket = CqEntry::kEager;
+  });
 }
 
 void fill_grh(Qp *qp, const Ah *ah, uint32_t payload, uint8_t *grh) {
@@ -187,8 +188,7 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     wc.status = s;
     wc.byte_len = 0;
   }
-  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), entry_of(wc),
-              w.flags & IBV_SEND_SOLICITED);
+  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
   return done(IBV_WC_SUCCESS);
 }
 
@@ -264,9 +264,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
-      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-        complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), eager_entry(w, t, pos, src, len),
-                    w.flags & IBV_SEND_SOLICITED);
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) complete_eager(fab, *peer, t, w, pos, src, len);
       return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
     }
     case IBV_WR_SEND:
@@ -280,8 +278,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (got == Reserve::empty)
           return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
         if (got == Reserve::ok) {
-          complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), eager_entry(w, t, pos, src, len),
-                      w.flags & IBV_SEND_SOLICITED);
+          complete_eager(fab, *peer, t, w, pos, src, len);
           return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
         }
         // unfit: the receive may be too small or bad; it answers as below.
@@ -300,8 +297,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         responder_error(fab, *peer, t, wc);
         return done(s == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
       }
-      complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), entry_of(wc),
-                  w.flags & IBV_SEND_SOLICITED);
+      complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
       return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
     }
     default:
@@ -321,16 +317,17 @@ Result execute(Qp *qp, const SendWqe &w) {
 
 void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len) {
   if (status == IBV_WC_SUCCESS && !qp->sig_all && !(w.flags & IBV_SEND_SIGNALED)) return;
-  ibv_wc wc{};
-  wc.wr_id = w.wr_id;
-  wc.status = status;
-  wc.opcode = kWcOpcode[w.opcode];
-  wc.byte_len = byte_len;
-  wc.qp_num = qp->ibv->qp_num;
-  if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) wc.vendor_err = 1;
   Node &node = *qp->ctx->node;
-  complete_to(node.fab(), node.self(), qp->sh, qp->scq->sh,
-              entry_of(wc, (uint64_t{qp->idx} << 48) | w.seq), false);
+  complete_with(node.fab(), node.self(), qp->sh, qp->scq->sh, false, [&](CqEntry &e) {
+    e.wc = ibv_wc{};
+    e.wc.wr_id = w.wr_id;
+    e.wc.status = status;
+    e.wc.opcode = kWcOpcode[w.opcode];
+    e.wc.byte_len = byte_len;
+    e.wc.qp_num = qp->ibv->qp_num;
+    if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) e.wc.vendor_err = 1;
+    e.sq_ticket = (uint64_t{qp->idx} << 48) | w.seq;
+  });
 }
 
 // With sq_mu held: the QP fails; everything it holds completes flushed.

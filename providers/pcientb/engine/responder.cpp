@@ -81,22 +81,24 @@ void check_limit(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq) {
     ring_doorbell(fab, owner, rq->async, &rec, sizeof rec);
   }
 }
-
-void copy_wqe(const RecvWqe *w, RecvCopy *out) {
-  out->wr_id = w->wr_id;
-  out->num_sge = std::min(w->num_sge, kMaxSge);
-  memcpy(out->sge, w->sge, sizeof(ibv_sge) * out->num_sge);
-}
 }  // namespace
 
 bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out) {
   uint64_t pos;
   RingSlot *s = ring_take(&rq->ring, &pos);
   if (!s) return false;
-  copy_wqe(reinterpret_cast<RecvWqe *>(s), out);
+  auto *w = reinterpret_cast<RecvWqe *>(s);
+  out->wr_id = w->wr_id;
+  out->num_sge = std::min(w->num_sge, kMaxSge);
+  memcpy(out->sge, w->sge, sizeof(ibv_sge) * out->num_sge);
   ring_release(&rq->ring, s, pos);
   check_limit(fab, owner, rq);
   return true;
+}
+
+void rq_give_back(RqShared *rq, uint64_t pos) {
+  RingSlot *s = ring_slot(&rq->ring, pos);
+  if (ring_seq(&rq->ring, s, pos) == pos + 1) ring_release(&rq->ring, s, pos);
 }
 
 Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, RqShared *rq,
@@ -146,19 +148,28 @@ bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t n
 
 // ---- delivery -------------------------------------------------------------------
 
-ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
-                      const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len) {
-  // Check the whole receive first: nothing moves into a receive that fails.
-  MrShared mrs[kMaxSge];
+namespace {
+// Whether a receive can take `need` bytes; its MR entries go to mrs. The
+// whole receive is checked first: nothing moves into a receive that fails.
+ibv_wc_status check_receive(AreaRoot *root, uint32_t pd, const ibv_sge *sge, uint32_t n,
+                            uint64_t need, MrShared *mrs) {
   uint64_t room = 0;
-  for (uint32_t i = 0; i < r.num_sge; ++i) {
-    const ibv_sge &g = r.sge[i];
+  for (uint32_t i = 0; i < n; ++i) {
+    const ibv_sge &g = sge[i];
     if (g.length &&
         !mr_check(root, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length, &mrs[i]))
       return IBV_WC_LOC_PROT_ERR;
     room += g.length;
   }
-  if (room < skip + len) return IBV_WC_LOC_LEN_ERR;
+  return room < need ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+}
+}  // namespace
+
+ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
+                      const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len) {
+  MrShared mrs[kMaxSge];
+  ibv_wc_status st = check_receive(root, pd, r.sge, r.num_sge, skip + len, mrs);
+  if (st != IBV_WC_SUCCESS) return st;
   uint64_t done = 0;  // bytes of the message placed
   uint64_t pos = 0;   // position in the receive's scatter list
   uint32_t si = 0;
@@ -187,9 +198,7 @@ ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, u
   return IBV_WC_SUCCESS;
 }
 
-void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
-                 const CqEntry &e, bool solicited) {
-  if (!cq || cq_push(fab, owner, cq, e, solicited)) return;
+void qp_overran(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp) {
   uint32_t s = qp->state.load();
   while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
          !qp->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
@@ -209,7 +218,7 @@ void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
 }
 
 void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc) {
-  complete_to(fab, peer, target, at<CqShared>(peer.area(), target->rcq), entry_of(wc), true);
+  complete_to(fab, peer, target, at<CqShared>(peer.area(), target->rcq), wc, true);
   fail_target(fab, peer, target);
 }
 
@@ -219,16 +228,19 @@ bool deliver_eager(Node &node, const EagerRecv &e, ibv_wc *wc) {
   if (t->qpn.load(std::memory_order_acquire) != e.qp_num) return false;  // QP gone
   auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
   if (!rq) return false;
+  // Sent as the QP was being reset: the message goes with the reset.
+  if (t->state.load(std::memory_order_acquire) == IBV_QPS_RESET) {
+    if (t->srq) rq_give_back(rq, e.rq_pos);
+    return false;
+  }
   // The sender saw the WQE published; a slot in another state was reset
   // under it, and the message went with the reset.
   RingSlot *s = ring_slot(&rq->ring, e.rq_pos);
   if (ring_seq(&rq->ring, s, e.rq_pos) != e.rq_pos + 1) return false;
-  RecvCopy r;
-  copy_wqe(reinterpret_cast<RecvWqe *>(s), &r);
-  ring_release(&rq->ring, s, e.rq_pos);
+  const auto *wqe = reinterpret_cast<const RecvWqe *>(s);
 
   *wc = ibv_wc{};
-  wc->wr_id = r.wr_id;
+  wc->wr_id = wqe->wr_id;
   wc->opcode = (e.flags & kEagerWriteImm) ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
   wc->byte_len = e.byte_len;
   wc->qp_num = e.qp_num;
@@ -238,12 +250,18 @@ bool deliver_eager(Node &node, const EagerRecv &e, ibv_wc *wc) {
     wc->imm_data = e.imm_data;
     wc->wc_flags = IBV_WC_WITH_IMM;
   }
-  if (e.flags & kEagerWriteImm) return true;
-  Gather src;
-  src.ptr[0] = e.data;
-  src.len[0] = e.byte_len;
-  src.n = 1;
-  wc->status = scatter(node.fab(), node.self(), root, rq->pd, r, 0, src, e.byte_len);
+  if (!(e.flags & kEagerWriteImm)) {
+    // This node's own memory: placed by the CPU, no fabric in between.
+    MrShared mrs[kMaxSge];
+    uint32_t n = std::min(wqe->num_sge, kMaxSge);
+    wc->status = check_receive(root, rq->pd, wqe->sge, n, e.byte_len, mrs);
+    for (uint32_t i = 0, done = 0; wc->status == IBV_WC_SUCCESS && done < e.byte_len; ++i) {
+      uint32_t k = std::min(wqe->sge[i].length, e.byte_len - done);
+      if (k) memcpy(reinterpret_cast<void *>(va_of(mrs[i], wqe->sge[i].addr)), e.data + done, k);
+      done += k;
+    }
+  }
+  ring_release(&rq->ring, s, e.rq_pos);
   if (wc->status != IBV_WC_SUCCESS) {
     // Only a receive whose memory went away since it was posted: the
     // sender, told otherwise, has completed already.
@@ -264,7 +282,7 @@ void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = target->qpn.load(std::memory_order_relaxed);
-    cq_push(fab, peer, rcq, entry_of(wc), true);
+    cq_push(fab, peer, rcq, wc, true);
   }
 }
 

@@ -27,6 +27,9 @@ void rq_reset(RqShared *rq);
 // The owner posts (one thread at a time); at most max_wr WQEs not consumed.
 int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr,
             ibv_recv_wr **bad);
+// Frees the WQE at pos, taken by an eager message that will not be delivered
+// (its QP was reset or destroyed); the owner's side.
+void rq_give_back(RqShared *rq, uint64_t pos);
 // Takes the next receive WQE of a (possibly remote) queue; raises the SRQ
 // limit event of its owner when that is due.
 bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out);
@@ -51,10 +54,27 @@ bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t n
 ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
                       const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len);
 
-// Adds a completion of QP qp (of `owner`) to cq. An HCA that cannot write a
-// completion (the CQ overran) fails the QP and tells its owner: QP_FATAL.
-void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
-                 const CqEntry &e, bool solicited);
+// Adds a completion of QP qp (of `owner`) to cq, filled in place by
+// fill(CqEntry &). An HCA that cannot write a completion (the CQ overran)
+// fails the QP and tells its owner: QP_FATAL.
+void qp_overran(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp);
+template <typename Fill>
+void complete_with(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
+                   bool solicited, Fill &&fill) {
+  if (!cq) return;
+  uint64_t pos;
+  CqEntry *e = cq_claim(fab, owner, cq, &pos);
+  if (!e) return qp_overran(fab, owner, qp);
+  fill(*e);
+  cq_commit(fab, owner, cq, pos, solicited);
+}
+inline void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
+                        const ibv_wc &wc, bool solicited) {
+  complete_with(fab, owner, qp, cq, solicited, [&](CqEntry &e) {
+    e.wc = wc;
+    e.sq_ticket = 0;
+  });
+}
 
 // A responder-side error: completes wc on the target's receive CQ, moves the
 // target QP to ERR and flushes its receive queue.
