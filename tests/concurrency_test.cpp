@@ -85,11 +85,14 @@ TEST(Concurrency, ThreadsPostingOnTheirOwnQpsAllLand) {
         ch.signal();
       },
       [](Channel &ch) {
-        // The regions the peer writes, then a scratch area for the SENDs.
+        // The regions the peer writes, then a scratch slot per QP for the
+        // SENDs (each QP's receives are completed by its own thread).
         ManyQps b(kThreads * kRegion + 4096);
-        for (auto &qp : b.qps)
+        for (uint32_t t = 0; t < kThreads; ++t)
           for (uint32_t r = 0; r < kRounds; ++r)
-            ASSERT_EQ(0, RecvWr(r).sge(b.buf.sge(kThreads * kRegion, 8)).post(qp->qp.get()));
+            ASSERT_EQ(
+                0,
+                RecvWr(r).sge(b.buf.sge(kThreads * kRegion + 64 * t, 8)).post(b.qps[t]->qp.get()));
         b.connect(ch);
         on_threads(kThreads, [&](uint32_t t) {
           for (uint32_t r = 0; r < kRounds; ++r) {

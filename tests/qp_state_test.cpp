@@ -400,14 +400,17 @@ TEST(QpStateTraffic, OutstandingSendsAreFlushedWhenTheQpGoesToErr) {
       });
 }
 
+// Takes a connected QP through ERR and RESET back to INIT, ready to connect
+// again with a new PSN.
+void recycle(RcEnd &end) {
+  ASSERT_EQ(0, modify_qp(end.qp(), state_attr(IBV_QPS_ERR), IBV_QP_STATE));
+  ASSERT_EQ(0, modify_qp(end.qp(), state_attr(IBV_QPS_RESET), IBV_QP_STATE));
+  ASSERT_EQ(0, modify_qp(end.qp(), init_attr(kRemoteAll), kInitMask));
+  end.rc.psn = (end.rc.psn + 1000) & 0xffffff;
+}
+
 // Both sides recycle their QPs through ERR and RESET and connect again.
 TEST(QpStateTraffic, ErrResetAndReconnectCarriesDataAgain) {
-  auto recycle = [](RcEnd &end) {
-    ASSERT_EQ(0, modify_qp(end.qp(), state_attr(IBV_QPS_ERR), IBV_QP_STATE));
-    ASSERT_EQ(0, modify_qp(end.qp(), state_attr(IBV_QPS_RESET), IBV_QP_STATE));
-    ASSERT_EQ(0, modify_qp(end.qp(), init_attr(kRemoteAll), kInitMask));
-    end.rc.psn = (end.rc.psn + 1000) & 0xffffff;
-  };
   two_process(
       [&](Channel &ch) {
         RcEnd a;
@@ -441,11 +444,6 @@ TEST(QpStateTraffic, ErrResetAndReconnectCarriesDataAgain) {
 // resets with such SENDs unpolled loses them with its receives, and a sender
 // that knew of the old receives must not deliver into ones not posted yet.
 TEST(QpStateTraffic, ResetWithUnpolledSmallSendsThenReconnectDeliversOnlyNewOnes) {
-  auto recycle = [](RcEnd &end) {
-    ASSERT_EQ(0, modify_qp(end.qp(), state_attr(IBV_QPS_RESET), IBV_QP_STATE));
-    ASSERT_EQ(0, modify_qp(end.qp(), init_attr(kRemoteAll), kInitMask));
-    end.rc.psn = (end.rc.psn + 1000) & 0xffffff;
-  };
   two_process(
       [&](Channel &ch) {
         RcEnd a;
@@ -456,7 +454,6 @@ TEST(QpStateTraffic, ResetWithUnpolledSmallSendsThenReconnectDeliversOnlyNewOnes
           EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
         }
         ch.signal();
-        ASSERT_EQ(0, modify_qp(a.qp(), state_attr(IBV_QPS_ERR), IBV_QP_STATE));
         recycle(a);
         a.connect(ch);
         fill_pattern(a.buf.span(0, 8), 2);

@@ -265,7 +265,6 @@ Context *Context::open(int *err) {
   if (!node) return nullptr;
   auto *ctx = new Context();
   ctx->node = std::move(node);
-  ctx->node->attach(ctx);
   int p[2];
   if (pipe2(p, O_CLOEXEC)) {
     *err = errno;
@@ -278,6 +277,8 @@ Context *Context::open(int *err) {
   struct stat st {};
   fstat(p[1], &st);
   ctx->async_ino = st.st_ino;
+  // Told of device-wide events only once it can report them.
+  ctx->node->attach(ctx);
   // The port comes up as the node joins the fabric.
   ctx->raise_async(1, IBV_EVENT_PORT_ACTIVE);
   return ctx;
