@@ -371,7 +371,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "pcientb-perf: cannot write %s: %s\n", o.csv.c_str(), strerror(errno));
     return 1;
   }
-  fprintf(stderr, "pcientb-perf: wrote %s (%.0f s)\n", o.csv.c_str(), now_s() - start);
+  // On stdout, after the table: a pipe (main-job's tee) keeps it in order.
+  printf("pcientb-perf: wrote %s (%.0f s)\n", o.csv.c_str(), now_s() - start);
   if (failures)
     fprintf(stderr, "pcientb-perf: %d measurement(s) failed (NaN in the table)\n", failures);
   return failures ? 1 : 0;
