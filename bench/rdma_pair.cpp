@@ -624,16 +624,7 @@ RdmaPair::~RdmaPair() {
   quit.kind = kQuit;
   write_all(fd_, &quit, sizeof quit);
   close(fd_);
-  const double deadline = now_s() + opt_.timeout_s;
-  int status;
-  while (waitpid(pid_, &status, WNOHANG) == 0) {
-    if (now_s() > deadline) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-      break;
-    }
-    usleep(200);
-  }
+  reap_child(pid_, opt_.timeout_s);
 }
 
 uint32_t RdmaPair::max_inline() const {

@@ -22,6 +22,19 @@ double now_s() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+void reap_child(pid_t pid, double timeout_s) {
+  const double deadline = now_s() + timeout_s;
+  int status;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (now_s() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return;
+    }
+    usleep(100);
+  }
+}
+
 bool SpinWait::slow_check() {
   const double now = now_s();
   if (since_ == 0) since_ = now;
@@ -137,16 +150,7 @@ ShmPingPong::~ShmPingPong() {
   flags_->ping.store(kStop, std::memory_order_release);
   flags_->awake.store(1, std::memory_order_release);
   futex_wake(&flags_->awake);
-  const double deadline = now_s() + 1;
-  int status;
-  while (waitpid(pid_, &status, WNOHANG) == 0) {
-    if (now_s() > deadline) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-      break;
-    }
-    usleep(100);
-  }
+  reap_child(pid_, 1);
   munmap(flags_, sizeof(Flags));
 }
 

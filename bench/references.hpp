@@ -68,6 +68,9 @@ class ShmPingPong {
 // Seconds since an arbitrary epoch, from the steady clock.
 double now_s();
 
+// Waits up to timeout_s for child `pid` to exit (it was told to), then kills it.
+void reap_child(pid_t pid, double timeout_s);
+
 // A busy-wait, as perftest polls: call expired() after every check that found nothing. It reads
 // no clock on a short wait, so it adds nothing to a timed round. Once one wait has lasted 20 us it
 // also yields the CPU at each clock reading, so on an oversubscribed machine the other side gets

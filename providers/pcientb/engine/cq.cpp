@@ -259,15 +259,4 @@ void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t 
   }
 }
 
-bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
-             bool solicited) {
-  uint64_t pos;
-  CqEntry *e = cq_claim(fab, owner, cq, &pos);
-  if (!e) return false;
-  e->wc = wc;
-  e->sq_ticket = 0;
-  cq_commit(fab, owner, cq, pos, solicited);
-  return true;
-}
-
 }  // namespace pcientb::engine

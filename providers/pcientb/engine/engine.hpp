@@ -324,9 +324,6 @@ void qp_enter_error(Qp *qp);
 CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t *pos);
 void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
                bool solicited);
-// Both, for a receive-side completion; false on overflow.
-bool cq_push(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, const ibv_wc &wc,
-             bool solicited);
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len);
 void init_cq_ex(Cq *cq);

@@ -9,6 +9,32 @@
 
 namespace pcientb::engine {
 
+namespace {
+// The room of a receive; its MR entries go to mrs. False when an SGE is not
+// local-write memory of pd (the receive fails with IBV_WC_LOC_PROT_ERR).
+bool receive_room(AreaRoot *root, uint32_t pd, const ibv_sge *sge, uint32_t n, MrShared *mrs,
+                  uint64_t *room) {
+  *room = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const ibv_sge &g = sge[i];
+    if (g.length &&
+        !mr_check(root, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length, &mrs[i]))
+      return false;
+    *room += g.length;
+  }
+  return true;
+}
+
+// Whether a receive can take `need` bytes. The whole receive is checked
+// first: nothing moves into a receive that fails.
+ibv_wc_status check_receive(AreaRoot *root, uint32_t pd, const ibv_sge *sge, uint32_t n,
+                            uint64_t need, MrShared *mrs) {
+  uint64_t room;
+  if (!receive_room(root, pd, sge, n, mrs, &room)) return IBV_WC_LOC_PROT_ERR;
+  return room < need ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+}
+}  // namespace
+
 // ---- receive queues ------------------------------------------------------------
 
 Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd) {
@@ -38,28 +64,23 @@ int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr
     // line was last written long ago; the head, which senders write on every
     // message, is never read here.
     uint64_t pos = r->tail.load(std::memory_order_relaxed);
-    bool room = pos < max_wr;
-    if (!room) {
+    bool vacant = pos < max_wr;
+    if (!vacant) {
       uint64_t back = pos - max_wr;
-      room = ring_seq(r, ring_slot(r, back), back) == back + r->mask + 1;
+      vacant = ring_seq(r, ring_slot(r, back), back) == back + r->mask + 1;
     }
     RingSlot *s = ring_slot(r, pos);
-    if (!room || ring_seq(r, s, pos) != pos) {
+    if (!vacant || ring_seq(r, s, pos) != pos) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return ENOMEM;
     }
     // What eager senders may assume of this WQE without reading it.
-    bool valid = true;
-    uint64_t total = 0;
-    MrShared mr;
-    for (int i = 0; i < wr->num_sge; ++i) {
-      const ibv_sge &g = wr->sg_list[i];
-      total += g.length;
-      valid = valid && (!g.length || mr_check(root, g.lkey, false, rq->pd, IBV_ACCESS_LOCAL_WRITE,
-                                              g.addr, g.length, &mr));
-    }
+    MrShared mrs[kMaxSge];
+    uint64_t room;
+    bool valid =
+        receive_room(root, rq->pd, wr->sg_list, static_cast<uint32_t>(wr->num_sge), mrs, &room);
     for (uint32_t c = 0; c < kEagerClasses; ++c)
-      if (!valid || total < kEagerRoom[c])
+      if (!valid || room < kEagerRoom[c])
         rq->unfit_below[c].store(pos + 1, std::memory_order_relaxed);
     auto *w = reinterpret_cast<RecvWqe *>(s);
     w->wr_id = wr->wr_id;
@@ -147,23 +168,6 @@ bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t n
 }
 
 // ---- delivery -------------------------------------------------------------------
-
-namespace {
-// Whether a receive can take `need` bytes; its MR entries go to mrs. The
-// whole receive is checked first: nothing moves into a receive that fails.
-ibv_wc_status check_receive(AreaRoot *root, uint32_t pd, const ibv_sge *sge, uint32_t n,
-                            uint64_t need, MrShared *mrs) {
-  uint64_t room = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    const ibv_sge &g = sge[i];
-    if (g.length &&
-        !mr_check(root, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length, &mrs[i]))
-      return IBV_WC_LOC_PROT_ERR;
-    room += g.length;
-  }
-  return room < need ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
-}
-}  // namespace
 
 ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
                       const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len) {
@@ -282,7 +286,7 @@ void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = target->qpn.load(std::memory_order_relaxed);
-    cq_push(fab, peer, rcq, wc, true);
+    complete_to(fab, peer, target, rcq, wc, true);  // target is in ERR: an overrun drops it
   }
 }
 
