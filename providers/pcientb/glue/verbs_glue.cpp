@@ -376,6 +376,9 @@ __attribute__((constructor)) void register_driver() {
 using namespace pcientb::glue;
 using namespace pcientb::engine;
 
+// The device node of the one emulated device (dev_path; UCX looks for it).
+constexpr const char kEmuDevicePath[] = "/dev/infiniband/uverbs-pcientb0";
+
 PCIENTB_EXPORT ibv_device **pcientb_emu_device_list(int *num) {
   auto **list = static_cast<ibv_device **>(calloc(2, sizeof(ibv_device *)));
   auto *dev = static_cast<verbs_device *>(calloc(1, sizeof(verbs_device)));
@@ -390,7 +393,7 @@ PCIENTB_EXPORT ibv_device **pcientb_emu_device_list(int *num) {
   d.transport_type = IBV_TRANSPORT_IB;
   snprintf(d.name, sizeof d.name, "pcientb0");
   snprintf(d.dev_name, sizeof d.dev_name, "uverbs-pcientb0");
-  snprintf(d.dev_path, sizeof d.dev_path, "/dev/infiniband/uverbs-pcientb0");
+  snprintf(d.dev_path, sizeof d.dev_path, "%s", kEmuDevicePath);
   snprintf(d.ibdev_path, sizeof d.ibdev_path, "/sys/class/infiniband/pcientb0");
   dev->ops = &kDeviceOps;
   dev->refcount.store(1);
@@ -456,4 +459,8 @@ PCIENTB_EXPORT __be64 pcientb_device_guid(ibv_device *) {
 
 PCIENTB_EXPORT int pcientb_device_index(ibv_device *) {
   return 0;
+}
+
+PCIENTB_EXPORT int pcientb_device_node_index(const char *path) {
+  return path && strcmp(path, kEmuDevicePath) == 0 ? 0 : -1;
 }

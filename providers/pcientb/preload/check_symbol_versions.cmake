@@ -1,5 +1,6 @@
 # cmake -DPRELOAD=<libpcientb-preload.so> -DOBJDUMP=<objdump> -DPRIVATE_ABI=<N> -P this
-# Fails unless every interposer is exported with libibverbs' symbol version.
+# Fails unless every interposer is exported with the version of the symbol it
+# replaces (libibverbs' or glibc's).
 set(expected
   "IBVERBS_1.0 ibv_create_comp_channel"
   "IBVERBS_1.0 ibv_destroy_comp_channel"
@@ -13,7 +14,12 @@ set(expected
   "IBVERBS_1.10 ibv_import_device"
   "IBVERBS_1.11 _ibv_query_gid_ex"
   "IBVERBS_1.11 _ibv_query_gid_table"
-  "IBVERBS_PRIVATE_${PRIVATE_ABI} ibv_query_gid_type")
+  "IBVERBS_PRIVATE_${PRIVATE_ABI} ibv_query_gid_type"
+  "GLIBC_2.2.5 access"
+  "GLIBC_2.2.5 __xstat"
+  "GLIBC_2.2.5 __xstat64"
+  "GLIBC_2.33 stat"
+  "GLIBC_2.33 stat64")
 if(NOT OBJDUMP)
   set(OBJDUMP objdump)
 endif()

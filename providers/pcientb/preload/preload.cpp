@@ -25,9 +25,19 @@
 //   ibv_import_device (1.10)                       walks the device list assuming
 //                                                  sysfs != NULL: ours are hidden
 //                                                  from it
+//
+// And from glibc, for the device node a kernel driver would create: UCX
+// (uct_ib_device_is_accessible) skips a verbs device unless
+// /dev/infiniband/<dev_name> stat()s as a character device it may open.
+//   stat, stat64 (GLIBC_2.33), __xstat, __xstat64, access (GLIBC_2.2.5)
+// answer for that path of our own devices only, and only when no real file
+// is there (with the kernel module loaded, the real node answers).
 
 #include <dlfcn.h>
 #include <pcientb/pcientb.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -67,6 +77,8 @@ constexpr const char *kV1_9 = "IBVERBS_1.9";
 constexpr const char *kV1_10 = "IBVERBS_1.10";
 constexpr const char *kV1_11 = "IBVERBS_1.11";
 constexpr const char *kPrivate = "IBVERBS_PRIVATE_" PCIENTB_STR(PCIENTB_VERBS_PRIVATE_ABI);
+constexpr const char *kGlibc2_2_5 = "GLIBC_2.2.5";
+constexpr const char *kGlibc2_33 = "GLIBC_2.33";
 
 // The next definition of a libibverbs function after this library.
 template <typename Fn>
@@ -132,6 +144,33 @@ void put_all(ibv_device **list) {
 int query_gid_entry(ibv_context *ctx, uint32_t port, uint32_t index, ibv_gid_entry *entry) {
   *entry = ibv_gid_entry{};
   return pcientb_query_gid_ex(ctx, port, index, entry);
+}
+
+// A uverbs device node as the kernel would create it: character device 231,
+// minor 192 + index, read-write for everyone (udev's rdma rules).
+template <typename Stat>
+int fake_device_node(const char *path, Stat *st) {
+  const int index = pcientb_device_node_index(path);
+  if (index < 0) return -1;
+  std::memset(st, 0, sizeof(*st));
+  st->st_mode = S_IFCHR | 0666;
+  st->st_rdev = makedev(231, 192 + index);
+  st->st_nlink = 1;
+  st->st_uid = 0;
+  st->st_gid = 0;
+  st->st_blksize = 4096;
+  return 0;
+}
+
+// Runs the real call; for ENOENT on one of our device nodes, answers instead.
+template <typename Stat, typename Real>
+int stat_or_fake(const char *path, Stat *st, Real &&real) {
+  const int rc = real();
+  if (rc == 0 || errno != ENOENT) return rc;
+  const int saved = errno;
+  if (fake_device_node(path, st) == 0) return 0;
+  errno = saved;
+  return rc;
 }
 
 }  // namespace
@@ -419,6 +458,44 @@ PCIENTB_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_
   }
   errno = ENOENT;
   return -1;
+}
+
+// --- Device nodes (glibc) -------------------------------------------------------
+
+PCIENTB_EXPORT int stat(const char *path, struct stat *st) {
+  auto *real = PCIENTB_REAL(stat, kGlibc2_33);
+  return stat_or_fake(path, st, [&] { return real != nullptr ? real(path, st) : -1; });
+}
+
+PCIENTB_EXPORT int stat64(const char *path, struct stat64 *st) {
+  auto *real = PCIENTB_REAL(stat64, kGlibc2_33);
+  return stat_or_fake(path, st, [&] { return real != nullptr ? real(path, st) : -1; });
+}
+
+// Programs built against glibc < 2.33 call these for stat().
+// NOLINTNEXTLINE(bugprone-reserved-identifier): glibc's exported name
+PCIENTB_EXPORT int __xstat(int ver, const char *path, struct stat *st) {
+  using Fn = int(int, const char *, struct stat *);
+  static Fn *const real = next_symbol<Fn>("__xstat", kGlibc2_2_5);
+  return stat_or_fake(path, st, [&] { return real != nullptr ? real(ver, path, st) : -1; });
+}
+
+// NOLINTNEXTLINE(bugprone-reserved-identifier): glibc's exported name
+PCIENTB_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st) {
+  using Fn = int(int, const char *, struct stat64 *);
+  static Fn *const real = next_symbol<Fn>("__xstat64", kGlibc2_2_5);
+  return stat_or_fake(path, st, [&] { return real != nullptr ? real(ver, path, st) : -1; });
+}
+
+PCIENTB_EXPORT int access(const char *path, int mode) {
+  auto *real = PCIENTB_REAL(access, kGlibc2_2_5);
+  const int rc = real != nullptr ? real(path, mode) : -1;
+  if (rc == 0 || errno != ENOENT || pcientb_device_node_index(path) < 0) return rc;
+  if (mode & X_OK) {
+    errno = EACCES;
+    return -1;
+  }
+  return 0;
 }
 
 }  // extern "C"

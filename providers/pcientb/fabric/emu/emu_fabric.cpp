@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/emu/kernel_vm.hpp"
 #include "fabric/fabric.hpp"
 
 namespace pcientb::fabric {
@@ -215,7 +216,8 @@ void fork_prepare() {
       if (path && !strncmp(path, mine, mine_len) && path[mine_len] == ' ' &&
           sscanf(line, "%lx-%lx", &lo, &hi) == 2 && n_fork_copies < std::size(fork_copies)) {
         size_t len = hi - lo;
-        void *copy = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *copy =
+            kernel::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         struct iovec to {
           copy, len
         }, from{reinterpret_cast<void *>(lo), len};
@@ -223,7 +225,7 @@ void fork_prepare() {
             process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len))
           fork_copies[n_fork_copies++] = ForkCopy{lo, len, copy};
         else if (copy != MAP_FAILED)
-          munmap(copy, len);
+          kernel::munmap(copy, len);
       }
       line = nl + 1;
     }
@@ -234,14 +236,15 @@ void fork_prepare() {
 }
 
 void fork_parent() {
-  for (size_t i = 0; i < n_fork_copies; ++i) munmap(fork_copies[i].copy, fork_copies[i].len);
+  for (size_t i = 0; i < n_fork_copies; ++i)
+    kernel::munmap(fork_copies[i].copy, fork_copies[i].len);
   n_fork_copies = 0;
 }
 
 void fork_child() {
   for (size_t i = 0; i < n_fork_copies; ++i) {
     const ForkCopy &c = fork_copies[i];
-    mremap(c.copy, c.len, c.len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(c.at));
+    kernel::mremap_fixed(c.copy, c.len, reinterpret_cast<void *>(c.at));
   }
   n_fork_copies = 0;
 }
@@ -368,7 +371,8 @@ int EmuFabric::join(const char *name) {
   if (static_cast<size_t>(st.st_size) < sizeof(TableFile) &&
       ftruncate(table_fd_, sizeof(TableFile)))
     return errno;
-  void *t = mmap(nullptr, sizeof(TableFile), PROT_READ | PROT_WRITE, MAP_SHARED, table_fd_, 0);
+  void *t =
+      kernel::mmap(nullptr, sizeof(TableFile), PROT_READ | PROT_WRITE, MAP_SHARED, table_fd_, 0);
   if (t == MAP_FAILED) return errno;
   table_ = static_cast<TableFile *>(t);
   if (table_->magic != kTableMagic) {
@@ -380,7 +384,8 @@ int EmuFabric::join(const char *name) {
   seg_fd_ = static_cast<int>(syscall(SYS_memfd_create, "pcientb-node", MFD_CLOEXEC));
   if (seg_fd_ < 0) return errno;
   if (ftruncate(seg_fd_, static_cast<off_t>(kSegSize))) return errno;
-  void *s = mmap(nullptr, kSegSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, seg_fd_, 0);
+  void *s = kernel::mmap(nullptr, kSegSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                         seg_fd_, 0);
   if (s == MAP_FAILED) return errno;
   hdr_ = static_cast<SegHeader *>(s);
   nonce_ = random_nonce();
@@ -416,9 +421,9 @@ EmuFabric::~EmuFabric() {
     for (uint32_t i = 1; i < next_chunk_ && hdr_; ++i)
       if (hdr_->chunks[i].fd > 0) close(hdr_->chunks[i].fd);
   }
-  if (hdr_) munmap(hdr_, kSegSize);
+  if (hdr_) kernel::munmap(hdr_, kSegSize);
   if (seg_fd_ >= 0) close(seg_fd_);
-  if (table_) munmap(table_, sizeof(TableFile));
+  if (table_) kernel::munmap(table_, sizeof(TableFile));
   if (table_fd_ >= 0) close(table_fd_);
 }
 
@@ -426,8 +431,8 @@ EmuFabric::~EmuFabric() {
 
 EmuPeer::~EmuPeer() {
   for (auto &[key, fd] : doorbells_) close(fd);
-  for (auto &m : mappings_) munmap(m->base, m->size);
-  if (!self && hdr) munmap(hdr, seg_size);
+  for (auto &m : mappings_) kernel::munmap(m->base, m->size);
+  if (!self && hdr) kernel::munmap(hdr, seg_size);
   if (pidfd >= 0) close(pidfd);
 }
 
@@ -452,7 +457,8 @@ int EmuPeer::attach(const NodeSlot &slot) {
     close(fd);
     return ESRCH;
   }
-  void *m = mmap(nullptr, slot.seg_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  void *m = kernel::mmap(nullptr, slot.seg_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                         fd, 0);
   close(fd);
   if (m == MAP_FAILED) return errno;
   hdr = static_cast<SegHeader *>(m);
@@ -481,7 +487,7 @@ const EmuPeer::Mapping *EmuPeer::chunk_mapping(uint32_t idx, uint32_t gen) {
     close(fd);
     return nullptr;
   }
-  void *base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *base = kernel::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) return nullptr;
   mappings_.push_back(std::make_unique<Mapping>(Mapping{gen, static_cast<uint8_t *>(base), size}));
@@ -584,7 +590,7 @@ int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
     close(fd);
     return e;
   }
-  void *tmp = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *tmp = kernel::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (tmp == MAP_FAILED) {
     int e = errno;
     close(fd);
@@ -597,15 +603,15 @@ int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
   }, from{reinterpret_cast<void *>(va), len};
   if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) != static_cast<ssize_t>(len)) {
     int e = errno ? errno : EFAULT;
-    munmap(tmp, len);
+    kernel::munmap(tmp, len);
     close(fd);
     return e;
   }
   // Atomically replaces the private pages at va with the shared copy.
-  void *at = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(va));
+  void *at = kernel::mremap_fixed(tmp, len, reinterpret_cast<void *>(va));
   if (at == MAP_FAILED) {
     int e = errno;
-    munmap(tmp, len);
+    kernel::munmap(tmp, len);
     close(fd);
     return e;
   }

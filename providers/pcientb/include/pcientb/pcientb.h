@@ -38,6 +38,10 @@ int pcientb_query_pkey(struct ibv_context *ctx, uint8_t port_num, int index, __b
 __be64 pcientb_device_guid(struct ibv_device *dev);
 int pcientb_device_index(struct ibv_device *dev);
 
+/* The index of the emulated device whose uverbs device node a kernel driver
+ * would create at `path` (/dev/infiniband/<dev_name>), or -1. */
+int pcientb_device_node_index(const char *path);
+
 #ifdef __cplusplus
 }
 #endif
