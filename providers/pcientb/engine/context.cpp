@@ -13,6 +13,8 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "engine/engine.hpp"
@@ -26,6 +28,13 @@ uint64_t now_ns() {
 }
 
 // ---- node -----------------------------------------------------------------
+
+namespace {
+// Nodes that report their traffic at exit if they are still open then. Never
+// destroyed: atexit handlers may run after static destructors.
+std::mutex &reporting_mu = *new std::mutex;
+std::set<Node *> &reporting = *new std::set<Node *>;
+}  // namespace
 
 std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
   static std::mutex mu;
@@ -47,11 +56,23 @@ std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
     return nullptr;
   }
   n->progress_ = std::thread([p = n.get()] { p->progress_loop(); });
+  if (const char *to = getenv("PCIENTB_STATS"); to && *to) {
+    n->stats_to_ = to;
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] { atexit(report_all_at_exit); });
+    std::lock_guard<std::mutex> r(reporting_mu);
+    reporting.insert(n.get());
+  }
   nodes[fabric_name] = n;
   return n;
 }
 
 Node::~Node() {
+  if (!stats_to_.empty()) {
+    std::lock_guard<std::mutex> r(reporting_mu);
+    reporting.erase(this);
+    report_traffic();
+  }
   {
     std::lock_guard<std::mutex> g(prog_mu_);
     stop_ = true;
@@ -183,6 +204,56 @@ void Node::retire_qp(Qp *qp) {
   std::lock_guard<std::mutex> t(mu_);
   root_->qps[qp->idx].qpn.store(0, std::memory_order_release);
   qps_[qp->idx] = nullptr;
+  qp->counters.add_to(gone_);
+}
+
+void Node::add_cq(Cq *cq) {
+  std::lock_guard<std::mutex> g(mu_);
+  cqs_.insert(cq);
+}
+
+void Node::remove_cq(Cq *cq) {
+  std::lock_guard<std::mutex> g(mu_);
+  cq->counters.add_to(gone_);
+  cqs_.erase(cq);
+}
+
+void Node::traffic(Counters *sum) {
+  std::lock_guard<std::mutex> g(mu_);
+  gone_.add_to(*sum);
+  for (Qp *qp : qps_)
+    if (qp) qp->counters.add_to(*sum);
+  for (Cq *cq : cqs_) cq->counters.add_to(*sum);
+}
+
+// With reporting_mu.
+void Node::report_traffic() {
+  // A forked child holds a copy of its parent's node: not its to report.
+  if (reported_ || stats_to_.empty() || getpid() != pid_) return;
+  reported_ = true;
+  Counters c;
+  traffic(&c);
+  std::string line = "pcientb-stats pid=" + std::to_string(pid_) + " fabric=" + fab_->name() +
+                     " lid=" + std::to_string(fab_->lid());
+  for (int i = 0; i < kTrafficKinds; ++i) {
+    line += std::string(" ") + kTrafficNames[i] + "_ops=" + std::to_string(c.ops[i].load());
+    line += std::string(" ") + kTrafficNames[i] + "_bytes=" + std::to_string(c.bytes[i].load());
+  }
+  line += " errors=" + std::to_string(c.errors.load()) + "\n";
+  // One write of one line: lines of processes that end together do not mix.
+  int fd = stats_to_ == "stderr"
+               ? dup(STDERR_FILENO)
+               : open(stats_to_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    // Nothing to do about a statistics line that could not be written.
+  }
+  close(fd);
+}
+
+void Node::report_all_at_exit() {
+  std::lock_guard<std::mutex> r(reporting_mu);
+  for (Node *n : reporting) n->report_traffic();
 }
 
 void Node::watch(fabric::Peer *peer) {

@@ -35,6 +35,8 @@ bool take(Cq *cq, ibv_wc *wc) {
       if (ticket) cq->ctx->node->retire(ticket);
     }
     mpsc_pop(ring, pos);
+    if (got && wc->status == IBV_WC_SUCCESS && (wc->opcode & IBV_WC_RECV))
+      cq->counters.count(Traffic::recv, wc->byte_len);
     if (got) return true;
   }
 }
@@ -152,12 +154,14 @@ Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex
   cq->sh->handle = reinterpret_cast<uint64_t>(&cq->ibv);
   cq->ibv.cqe = cqe;
   init_cq_ex(cq);
+  node.add_cq(cq);
   ctx->users++;
   return cq;
 }
 
 int destroy_cq(Cq *cq) {
   if (cq->users.load()) return EBUSY;
+  cq->ctx->node->remove_cq(cq);
   cq->ctx->node->free(cq->off);
   cq->ctx->users--;
   delete cq;

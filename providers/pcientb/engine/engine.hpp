@@ -24,9 +24,11 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "engine/counters.hpp"
 #include "engine/layout.hpp"
 #include "fabric/fabric.hpp"
 
@@ -34,6 +36,7 @@ namespace pcientb::engine {
 
 struct Context;
 struct Qp;
+struct Cq;
 uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // This process on one fabric: shared by every context opened on it.
@@ -75,8 +78,16 @@ class Node {
   void attach(Context *ctx);
   void detach(Context *ctx);
 
-  // Takes a QP out of the tables and of the progress engine, for good.
+  // Takes a QP out of the tables and of the progress engine, for good; its
+  // traffic stays counted.
   void retire_qp(Qp *qp);
+  void add_cq(Cq *cq);
+  void remove_cq(Cq *cq);
+  // What this node's QPs and CQs, live and gone, have moved.
+  void traffic(Counters *sum);
+  // Appends the node's traffic to $PCIENTB_STATS (a path, or "stderr"), once:
+  // when the node leaves the fabric, or at exit.
+  void report_traffic();  // with reporting_mu (context.cpp)
   void watch(fabric::Peer *peer);
   // Runs deferred work that is due, from a thread polling a CQ: a sender that
   // polls retries on time even when the progress thread gets no CPU.
@@ -92,6 +103,7 @@ class Node {
   uint64_t run_pending_locked();  // with prog_mu_; the next deadline, or 0
   void wake();
   void on_peer_death(fabric::Peer *peer);
+  static void report_all_at_exit();
 
   std::unique_ptr<fabric::Fabric> fab_;
   pid_t pid_ = 0;
@@ -107,6 +119,10 @@ class Node {
   uint16_t qp_gen_[kMaxQps] = {};
   Qp *qps_[kMaxQps] = {};
   std::atomic<uint64_t> sq_retired_[kMaxQps] = {};
+  std::set<Cq *> cqs_;
+  Counters gone_;  // of destroyed QPs and CQs
+  std::string stats_to_;
+  bool reported_ = false;
 
   std::mutex prog_mu_;
   std::set<Qp *> pending_;
@@ -206,6 +222,7 @@ struct Cq {
   std::atomic<int> users{0};
   ibv_wc cur;  // the entry the extended poll API is on
   uint64_t wc_flags;
+  Counters counters;  // receives polled, with poll_mu
 };
 
 struct Srq {
@@ -273,6 +290,7 @@ struct Qp {
   std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
   uint64_t sq_posted = 0;       // WRs posted since RESET
   bool drain_notify = false;
+  Counters counters;  // what this QP sent, with sq_mu
 
   ibv_qp_state state() const { return static_cast<ibv_qp_state>(sh->state.load()); }
 };

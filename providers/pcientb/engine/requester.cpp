@@ -346,11 +346,17 @@ enum class Settled { ok, failed, waits };
 Settled settle(Qp *qp, SendWqe &w, const Result &r) {
   if (r.outcome == Outcome::done) {
     complete(qp, w, r.status, r.byte_len);
-    return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
+    if (r.status != IBV_WC_SUCCESS) {
+      qp->counters.count_error();
+      return Settled::failed;
+    }
+    qp->counters.count(traffic_of(w.opcode), total_length(w));
+    return Settled::ok;
   }
   int &left = r.outcome == Outcome::rnr ? w.rnr_left : w.retry_left;
   if (left == 0) {
     complete(qp, w, r.status, 0);
+    qp->counters.count_error();
     return Settled::failed;
   }
   if (left > 0) --left;
