@@ -2,6 +2,9 @@
 // It turns libibverbs' calls into engine calls and back, in the order of the
 // ops table: device and context, queries, PD, MR, AH, CQ, SRQ, QP, then the
 // data path, the ops table, the emulated device list and registration.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -93,6 +96,17 @@ void fill_mr(GlueMr *g) {
   g->vmr.access = mr->access;
 }
 
+// With ibv_fork_init(), libibverbs marked the range MADV_DONTFORK before
+// calling us, so that children do not get registered memory; registration
+// may have moved the pages (fabric/emu), and a move does not keep that mark.
+void keep_from_children(void *addr, size_t length) {
+  if (length == 0 || ibv_is_fork_initialized() != IBV_FORK_ENABLED) return;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
+  madvise(reinterpret_cast<void *>(a), b - a, MADV_DONTFORK);
+}
+
 ibv_mr *reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access) {
   auto *g = static_cast<GlueMr *>(calloc(1, sizeof(GlueMr)));
   if (!g) return or_errno<ibv_mr>(nullptr, ENOMEM);
@@ -102,6 +116,7 @@ ibv_mr *reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int acces
     free(g);
     return or_errno<ibv_mr>(nullptr, err);
   }
+  keep_from_children(addr, length);
   fill_mr(g);
   return &g->vmr.ibv_mr;
 }
@@ -113,6 +128,7 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t length, in
     errno = err;
     return err == EINVAL || err == EOPNOTSUPP ? IBV_REREG_MR_ERR_INPUT : IBV_REREG_MR_ERR_CMD;
   }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) keep_from_children(addr, length);
   fill_mr(g);
   return 0;
 }

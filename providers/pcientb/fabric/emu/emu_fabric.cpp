@@ -10,6 +10,11 @@
 //   address, so a peer maps the same pages and moves bytes with plain loads
 //   and stores, as through an NT window. Memory that cannot be moved (shared
 //   file mappings, read-only) is reached with process_vm_readv/writev.
+// - Moving costs a page allocation and a copy per page, so a chunk outlives
+//   its last registration (the registration cache): registering the same
+//   memory again reuses it once /proc/self/pagemap shows the pages are still
+//   the shared ones moved there. Unreferenced chunks are bounded by
+//   $PCIENTB_MR_CACHE bytes (default 256 MiB; 0 disables the cache).
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -46,6 +51,7 @@ constexpr uint32_t kMaxChunks = 16384;
 constexpr uint32_t kMaxExtents = 8;
 constexpr size_t kAreaSize = size_t{1} << 30;  // sparse: only touched pages cost memory
 constexpr size_t kPage = 4096;
+constexpr uint64_t kDefaultMrCache = uint64_t{256} << 20;
 
 struct NodeSlot {
   int32_t pid;
@@ -183,8 +189,10 @@ bool remappable(uint64_t a, uint64_t b) {
 // Registration moves memory onto shared memfd pages. A forked child must
 // still get its own copy of that memory, taken at fork time as for any
 // private memory: the parent copies its moved ranges just before fork(), the
-// child puts the copies in place, the parent drops them. Raw system calls and
-// static storage only, as in any fork handler of a threaded process.
+// child puts the copies in place, the parent drops them. Ranges marked
+// MADV_DONTFORK (ibv_fork_init) are left out: the child gets no mapping there,
+// as with an HCA. Raw system calls and static storage only, as in any fork
+// handler of a threaded process.
 struct ForkCopy {
   uintptr_t at;
   size_t len;
@@ -193,15 +201,32 @@ struct ForkCopy {
 ForkCopy fork_copies[4096];
 size_t n_fork_copies = 0;
 
+void fork_copy(uintptr_t lo, uintptr_t hi) {
+  if (n_fork_copies == std::size(fork_copies)) return;
+  size_t len = hi - lo;
+  void *copy =
+      kernel::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) return;
+  struct iovec to {
+    copy, len
+  }, from{reinterpret_cast<void *>(lo), len};
+  if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len))
+    fork_copies[n_fork_copies++] = ForkCopy{lo, len, copy};
+  else
+    kernel::munmap(copy, len);
+}
+
 void fork_prepare() {
   n_fork_copies = 0;
   char mine[64] = "/memfd:";
   own_chunk_name(mine + 7, sizeof mine - 7, getpid());
   size_t mine_len = strlen(mine);
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  // smaps: a header line per mapping, then its fields, "VmFlags:" last.
+  int fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   static char buf[1 << 16];
   size_t have = 0;
+  unsigned long lo = 0, hi = 0;  // the moved range whose flags come next, if any
   for (;;) {
     ssize_t n = ::read(fd, buf + have, sizeof buf - 1 - have);
     if (n <= 0) break;
@@ -211,21 +236,12 @@ void fork_prepare() {
     char *nl;
     while ((nl = strchr(line, '\n'))) {
       *nl = 0;
-      unsigned long lo = 0, hi = 0;
-      const char *path = strchr(line, '/');
-      if (path && !strncmp(path, mine, mine_len) && path[mine_len] == ' ' &&
-          sscanf(line, "%lx-%lx", &lo, &hi) == 2 && n_fork_copies < std::size(fork_copies)) {
-        size_t len = hi - lo;
-        void *copy =
-            kernel::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        struct iovec to {
-          copy, len
-        }, from{reinterpret_cast<void *>(lo), len};
-        if (copy != MAP_FAILED &&
-            process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len))
-          fork_copies[n_fork_copies++] = ForkCopy{lo, len, copy};
-        else if (copy != MAP_FAILED)
-          kernel::munmap(copy, len);
+      if (!strncmp(line, "VmFlags:", 8)) {
+        if (hi > lo && !strstr(line, " dc")) fork_copy(lo, hi);
+        lo = hi = 0;
+      } else if (const char *path = strchr(line, '/');
+                 path && !strncmp(path, mine, mine_len) && path[mine_len] == ' ') {
+        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2) lo = hi = 0;
       }
       line = nl + 1;
     }
@@ -250,6 +266,14 @@ void fork_child() {
 }
 
 class EmuFabric;
+
+// A range of this process's memory moved onto a chunk, owner side only.
+struct Region {
+  uint64_t len;
+  uint32_t chunk;
+  uint32_t refs;       // windows using it; 0: cached
+  uint64_t last_used;  // for evicting the oldest cached region
+};
 
 class EmuPeer final : public Peer {
  public:
@@ -314,6 +338,9 @@ class EmuFabric final : public Fabric {
   const WindowEntry *window(EmuPeer &p, WindowId w, uint32_t *gen);
   int new_chunk(uint64_t va, uint64_t len, uint32_t *idx);
   void put_region(uint64_t va);
+  void drop_region(std::map<uint64_t, Region>::iterator it);
+  void trim_cache();
+  bool still_moved(uint64_t a, uint64_t b);
 
   std::string name_;
   std::string path_;
@@ -329,13 +356,13 @@ class EmuFabric final : public Fabric {
   std::vector<std::unique_ptr<EmuPeer>> retired_;  // dead peers' mappings, kept until we go
 
   // Registration state, owner side only.
-  struct Region {
-    uint64_t len;
-    uint32_t chunk;
-    uint32_t refs;
-  };
   std::mutex reg_mu_;
   std::map<uint64_t, Region> regions_;  // moved ranges by start address, disjoint
+  uint64_t cached_bytes_ = 0;           // of regions no registration uses
+  uint64_t cache_limit_ = kDefaultMrCache;
+  uint64_t use_clock_ = 0;
+  int pagemap_fd_ = -1;
+  pid_t pagemap_pid_ = 0;
   uint32_t next_window_ = 1;
   uint32_t next_chunk_ = 1;
 };
@@ -355,6 +382,14 @@ int EmuFabric::join(const char *name) {
   if (name_.empty() || name_.size() > 64) return EINVAL;
   // Peers reach our memory with pidfd_getfd/process_vm_*: allow them under Yama.
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  if (const char *c = getenv("PCIENTB_MR_CACHE"); c && *c) {
+    char *end = nullptr;
+    cache_limit_ = strtoull(c, &end, 0);
+    if (*end) {
+      fprintf(stderr, "pcientb: PCIENTB_MR_CACHE=%s is not a number of bytes\n", c);
+      return EINVAL;
+    }
+  }
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
 
@@ -421,6 +456,7 @@ EmuFabric::~EmuFabric() {
     for (uint32_t i = 1; i < next_chunk_ && hdr_; ++i)
       if (hdr_->chunks[i].fd > 0) close(hdr_->chunks[i].fd);
   }
+  if (pagemap_fd_ >= 0) close(pagemap_fd_);
   if (hdr_) kernel::munmap(hdr_, kSegSize);
   if (seg_fd_ >= 0) close(seg_fd_);
   if (table_) kernel::munmap(table_, sizeof(TableFile));
@@ -639,43 +675,50 @@ int EmuFabric::expose(void *addr, size_t len, WindowId *out) {
   uint64_t a = reinterpret_cast<uint64_t>(addr) & ~(kPage - 1);
   uint64_t b = (reinterpret_cast<uint64_t>(addr) + len + kPage - 1) & ~(kPage - 1);
 
+  // Walk [a, b): reuse moved regions whose pages are still there, move the
+  // gaps. Only a gap needs the (slow) look at /proc/self/maps.
   std::vector<Extent> ext;
-  bool mapped = len > 0 && remappable(a, b);
-  if (mapped) {
-    // Walk [a, b): reuse moved regions, move the gaps.
-    uint64_t at = a;
-    auto it = regions_.upper_bound(a);
-    if (it != regions_.begin() && std::prev(it)->first + std::prev(it)->second.len > a) --it;
-    std::vector<uint64_t> taken;
-    while (at < b && mapped) {
-      uint64_t next = b;
-      if (it != regions_.end() && it->first <= at) {
-        uint64_t end = std::min(b, it->first + it->second.len);
-        ext.push_back({at, end - at, at - it->first, it->second.chunk,
-                       hdr_->chunks[it->second.chunk].gen.load()});
-        it->second.refs++;
-        taken.push_back(it->first);
-        at = end;
-        ++it;
-        continue;
-      }
-      if (it != regions_.end()) next = std::min(b, it->first);
-      uint32_t ci;
-      if (new_chunk(at, next - at, &ci) != 0) {
+  std::vector<uint64_t> taken;
+  bool mapped = len > 0;
+  uint64_t at = a;
+  while (at < b && mapped) {
+    auto it = regions_.upper_bound(at);
+    if (it != regions_.begin() && std::prev(it)->first + std::prev(it)->second.len > at) --it;
+    if (it != regions_.end() && it->first <= at) {
+      Region &r = it->second;
+      uint64_t end = std::min(b, it->first + r.len);
+      if (!still_moved(at, end)) {
+        // Unmapped and mapped anew since it was moved: a cached region is
+        // stale; one that a registration still uses stays for it (the
+        // new registration gets a copy window).
+        if (r.refs == 0) {
+          drop_region(it);
+          continue;
+        }
         mapped = false;
         break;
       }
-      regions_[at] = Region{next - at, ci, 1};
-      taken.push_back(at);
-      ext.push_back({at, next - at, 0, ci, hdr_->chunks[ci].gen.load()});
-      it = regions_.upper_bound(at);
-      at = next;
+      if (r.refs++ == 0) cached_bytes_ -= r.len;
+      taken.push_back(it->first);
+      ext.push_back({at, end - at, at - it->first, r.chunk, hdr_->chunks[r.chunk].gen.load()});
+      at = end;
+      continue;
     }
-    if (ext.size() > kMaxExtents) mapped = false;
-    if (!mapped) {
-      for (uint64_t r : taken) put_region(r);
-      ext.clear();
+    uint64_t next = it != regions_.end() ? std::min(b, it->first) : b;
+    uint32_t ci;
+    if (!remappable(at, next) || new_chunk(at, next - at, &ci) != 0) {
+      mapped = false;
+      break;
     }
+    regions_[at] = Region{next - at, ci, 1, 0};
+    taken.push_back(at);
+    ext.push_back({at, next - at, 0, ci, hdr_->chunks[ci].gen.load()});
+    at = next;
+  }
+  if (ext.size() > kMaxExtents) mapped = false;
+  if (!mapped) {
+    for (uint64_t r : taken) put_region(r);
+    ext.clear();
   }
   uint32_t gen = w.gen.load(std::memory_order_relaxed);
   uint32_t next_gen = ((gen + 1) & 0x7fffffffu) | 0x80000000u;
@@ -690,12 +733,55 @@ int EmuFabric::expose(void *addr, size_t len, WindowId *out) {
 void EmuFabric::put_region(uint64_t va) {
   auto it = regions_.find(va);
   if (it == regions_.end() || --it->second.refs) return;
+  // The pages stay mapped here: they are the application's memory. The chunk
+  // stays too, for the next registration of the same memory.
+  it->second.last_used = ++use_clock_;
+  cached_bytes_ += it->second.len;
+  trim_cache();
+}
+
+void EmuFabric::drop_region(std::map<uint64_t, Region>::iterator it) {
+  if (it->second.refs == 0) cached_bytes_ -= it->second.len;
   ChunkEntry &c = hdr_->chunks[it->second.chunk];
   c.gen.fetch_add(1, std::memory_order_release);
   close(c.fd);
   c.fd = 0;
-  // The pages stay mapped here: they are the application's memory.
   regions_.erase(it);
+}
+
+void EmuFabric::trim_cache() {
+  while (cached_bytes_ > cache_limit_) {
+    auto oldest = regions_.end();
+    for (auto it = regions_.begin(); it != regions_.end(); ++it)
+      if (it->second.refs == 0 &&
+          (oldest == regions_.end() || it->second.last_used < oldest->second.last_used))
+        oldest = it;
+    if (oldest == regions_.end()) return;
+    drop_region(oldest);
+  }
+}
+
+// Whether every page of [a, b) is present and shared: still the chunk's pages
+// a registration moved there, not private memory mapped anew. pagemap gives
+// these flags to unprivileged processes (frame numbers only to the admin).
+bool EmuFabric::still_moved(uint64_t a, uint64_t b) {
+  constexpr uint64_t kPresent = uint64_t{1} << 63, kShared = uint64_t{1} << 61;
+  if (pagemap_pid_ != getpid()) {  // /proc/self at open time: reopen in a child
+    if (pagemap_fd_ >= 0) close(pagemap_fd_);
+    pagemap_fd_ = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    pagemap_pid_ = getpid();
+  }
+  if (pagemap_fd_ < 0) return false;
+  uint64_t entries[512];
+  for (uint64_t page = a / kPage; page < b / kPage;) {
+    size_t n = std::min<uint64_t>(std::size(entries), b / kPage - page);
+    ssize_t got = pread(pagemap_fd_, entries, n * 8, static_cast<off_t>(page * 8));
+    if (got != static_cast<ssize_t>(n * 8)) return false;
+    for (size_t i = 0; i < n; ++i)
+      if ((entries[i] & (kPresent | kShared)) != (kPresent | kShared)) return false;
+    page += n;
+  }
+  return true;
 }
 
 void EmuFabric::unexpose(WindowId id) {

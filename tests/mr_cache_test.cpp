@@ -1,0 +1,192 @@
+// Registration as UCX and MPI use it: the same memory registered again and
+// again (the provider's registration cache), memory unmapped and mapped anew
+// at a registered address; and the traffic counters that show which device
+// carried a program's bytes. (ibv_fork_init: process_wide_test.cpp.)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "verbs_helpers.hpp"
+
+namespace pcientb::test {
+namespace {
+
+constexpr size_t kLen = size_t{1} << 20;
+
+// Anonymous memory of its own (not the heap), so a test can unmap it and map
+// new memory at the same address.
+uint8_t *map_anon(size_t len, void *at = nullptr) {
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED : 0);
+  void *p = mmap(at, len, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) throw_errno("mmap", errno);
+  return static_cast<uint8_t *>(p);
+}
+
+// The initiator's side of the tests below: reads the target's advertised
+// range and expects `value` everywhere, then writes pattern 7 over it.
+void read_then_write(Channel &ch, uint8_t value) {
+  RcOptions o;
+  o.buffer_size = kLen;
+  RcEnd a(o);
+  a.connect(ch);
+  auto target = ch.recv<Endpoint>();
+  ASSERT_EQ(0, SendWr(IBV_WR_RDMA_READ, 1)
+                   .sge(a.sge(0, kLen))
+                   .remote(target.addr, target.rkey)
+                   .post(a.qp()));
+  ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(all_bytes_are(a.buf.span(0, kLen), value)) << "the read did not reach the memory";
+  fill_pattern(a.buf.span(0, kLen), 7);
+  ASSERT_EQ(0, SendWr(IBV_WR_RDMA_WRITE, 2)
+                   .sge(a.sge(0, kLen))
+                   .remote(target.addr, target.rkey)
+                   .post(a.qp()));
+  ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+  ch.barrier();
+}
+
+// The target's side: advertises [mem, mem + kLen) under mr and expects the
+// initiator's pattern there afterwards.
+void expose_and_check(Channel &ch, RcEnd &b, uint8_t *mem, ibv_mr *mr) {
+  Endpoint e = b.local();
+  e.addr = reinterpret_cast<uintptr_t>(mem);
+  e.rkey = mr->rkey;
+  ch.send(e);
+  ch.barrier();
+  EXPECT_TRUE(has_pattern({mem, kLen}, 7)) << "the write did not reach the memory";
+}
+
+TEST(MrCache, MemoryRegisteredAgainIsReachedWithItsCurrentContents) {
+  two_process([](Channel &ch) { read_then_write(ch, 0x33); },
+              [](Channel &ch) {
+                RcEnd b;
+                b.connect(ch);
+                uint8_t *mem = map_anon(kLen);
+                std::memset(mem, 0x11, kLen);
+                for (int i = 0; i < 3; ++i) reg_mr(b.node.pd.get(), mem, kLen, kAllAccess).reset();
+                std::memset(mem, 0x33, kLen);
+                MrPtr mr = reg_mr(b.node.pd.get(), mem, kLen, kAllAccess);
+                expose_and_check(ch, b, mem, mr.get());
+                mr.reset();
+                munmap(mem, kLen);
+              });
+}
+
+// free() and malloc() of large buffers do this: the old pages go, new ones
+// come at the same address. A registration must reach the new pages.
+TEST(MrCache, MemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
+  two_process([](Channel &ch) { read_then_write(ch, 0x22); },
+              [](Channel &ch) {
+                RcEnd b;
+                b.connect(ch);
+                uint8_t *mem = map_anon(kLen);
+                std::memset(mem, 0x11, kLen);
+                reg_mr(b.node.pd.get(), mem, kLen, kAllAccess).reset();
+                ASSERT_EQ(0, munmap(mem, kLen));
+                ASSERT_EQ(mem, map_anon(kLen, mem));
+                std::memset(mem, 0x22, kLen);
+                MrPtr mr = reg_mr(b.node.pd.get(), mem, kLen, kAllAccess);
+                expose_and_check(ch, b, mem, mr.get());
+                mr.reset();
+                munmap(mem, kLen);
+              });
+}
+
+// An MR keeps the pages it was registered on (as an HCA keeps them pinned);
+// a new registration of new memory at that address reaches the new memory.
+TEST(MrCache, NewMemoryUnderALiveMrIsReachedByANewRegistration) {
+  two_process([](Channel &ch) { read_then_write(ch, 0x44); },
+              [](Channel &ch) {
+                RcEnd b;
+                b.connect(ch);
+                uint8_t *mem = map_anon(kLen);
+                std::memset(mem, 0x11, kLen);
+                MrPtr old_mr = reg_mr(b.node.pd.get(), mem, kLen, kAllAccess);
+                ASSERT_EQ(mem, map_anon(kLen, mem));  // replaces the registered pages
+                std::memset(mem, 0x44, kLen);
+                MrPtr mr = reg_mr(b.node.pd.get(), mem, kLen, kAllAccess);
+                expose_and_check(ch, b, mem, mr.get());
+                mr.reset();
+                old_mr.reset();
+                munmap(mem, kLen);
+              });
+}
+
+// ---- traffic counters -----------------------------------------------------------
+
+// key=value fields of the $PCIENTB_STATS line written by process `pid`.
+std::map<std::string, uint64_t> stats_of(const std::string &path, pid_t pid) {
+  std::ifstream in(path);
+  std::string line;
+  std::map<std::string, uint64_t> fields;
+  while (std::getline(in, line)) {
+    if (line.find("pcientb-stats pid=" + std::to_string(pid) + " ") != 0) continue;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w)
+      if (auto eq = w.find('='); eq != std::string::npos && w.compare(0, 6, "fabric"))
+        fields[w.substr(0, eq)] = std::strtoull(w.c_str() + eq + 1, nullptr, 10);
+  }
+  return fields;
+}
+
+TEST(Counters, EachNodeReportsWhatItsWorkRequestsMovedWhenItLeaves) {
+  char path[] = "/tmp/pcientb-stats-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  setenv("PCIENTB_STATS", path, 1);
+  pid_t initiator = getpid();
+  pid_t target = 0;
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        target = ch.peer_pid();
+        ASSERT_EQ(0, a.post_write(1, 0, 3000, 0));
+        ASSERT_EQ(0, a.post_write(2, 0, 3000, 4096, 0));  // unsignaled counts too
+        ASSERT_EQ(0, a.post_read(3, 8192, 1000, 0));
+        ASSERT_EQ(0, a.post_send(4, 0, 100));
+        ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 5)
+                         .sge(a.sge(16384, 8))
+                         .remote(a.raddr(0), a.rkey())
+                         .compare_add(1)
+                         .post(a.qp()));
+        EXPECT_EQ(wait_wcs(a.cq(), 4).size(), 4u);
+        ch.barrier();
+      },
+      [](Channel &ch) {
+        RcEnd b;
+        ASSERT_EQ(0, b.post_recv(1, 0, 4096));
+        b.connect(ch);
+        EXPECT_EQ(b.wait_wc().status, IBV_WC_SUCCESS);
+        ch.barrier();
+      });
+  unsetenv("PCIENTB_STATS");
+  auto a = stats_of(path, initiator);
+  auto b = stats_of(path, target);
+  unlink(path);
+  ASSERT_FALSE(a.empty()) << "no line from the initiator";
+  ASSERT_FALSE(b.empty()) << "no line from the target";
+  EXPECT_EQ(a["write_ops"], 2u);
+  EXPECT_EQ(a["write_bytes"], 6000u);
+  EXPECT_EQ(a["read_ops"], 1u);
+  EXPECT_EQ(a["read_bytes"], 1000u);
+  EXPECT_EQ(a["send_ops"], 1u);
+  EXPECT_EQ(a["send_bytes"], 100u);
+  EXPECT_EQ(a["atomic_ops"], 1u);
+  EXPECT_EQ(a["errors"], 0u);
+  EXPECT_EQ(b["recv_ops"], 1u);
+  EXPECT_EQ(b["recv_bytes"], 100u);
+  EXPECT_EQ(b["write_ops"] + b["read_ops"] + b["send_ops"], 0u);
+}
+
+}  // namespace
+}  // namespace pcientb::test
