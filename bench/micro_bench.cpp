@@ -1,5 +1,5 @@
 // Micro-benchmarks of pcientb0 (RDMA WRITE, READ and SEND bandwidth; SEND, WRITE and READ
-// latency) beside references measured in the same run:
+// latency; the cost of reg_mr + dereg_mr) beside references measured in the same run:
 //   Reference_Memcpy        memcpy of the same size between two buffers of that size
 //   Reference_ShmPingPong   half round trip of a shared-memory ping-pong between two processes
 // The ratios do not lean on those rows alone: each RDMA benchmark measures its reference again
@@ -15,6 +15,8 @@
 // on a futex while RDMA is measured.
 
 #include <benchmark/benchmark.h>
+#include <infiniband/verbs.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -214,6 +216,52 @@ void Rdma_Latency(benchmark::State &state, Op op) {
   state.counters["x_pingpong"] = one_way / reference;
 }
 
+// reg_mr + dereg_mr of `size` bytes beside memcpy of the same size. "again": the same buffer
+// each time, as MPI without a registration cache does for every rendezvous; "fresh": memory
+// the process has just mapped and written, as the first registration of a buffer.
+void Registration(benchmark::State &state, bool fresh) {
+  g_family = {};  // no peer process: only this one's node
+  const auto size = static_cast<size_t>(state.range(0));
+  ibv_device **list = ibv_get_device_list(nullptr);
+  ibv_context *ctx = list && list[0] ? ibv_open_device(list[0]) : nullptr;
+  ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : nullptr;
+  auto map = [&] {
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) memset(p, 1, size);
+    return p;
+  };
+  void *buf = pd ? map() : MAP_FAILED;
+  if (buf == MAP_FAILED) {
+    skip(state, "cannot open pcientb0 or map memory");
+  } else {
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    ibv_dereg_mr(ibv_reg_mr(pd, buf, size, access));  // "again" starts registered once
+    double total = 0;
+    for (auto _ : state) {
+      if (fresh) {
+        munmap(buf, size);
+        if ((buf = map()) == MAP_FAILED) return skip(state, "cannot map memory");
+      }
+      const double t0 = pcientb::bench::now_s();
+      ibv_mr *mr = ibv_reg_mr(pd, buf, size, access);
+      if (!mr || ibv_dereg_mr(mr)) return skip(state, "reg_mr/dereg_mr failed");
+      const double t = pcientb::bench::now_s() - t0;
+      state.SetIterationTime(t);
+      total += t;
+    }
+    const double reference = size / memcpy_bandwidth(std::min(size, kMaxSize), 0.02);
+    const double each = total / static_cast<double>(state.iterations());
+    g_results[std::string(fresh ? "REG fresh/" : "REG again/") + std::to_string(size)] = {
+        each, reference};
+    state.counters["memcpy_us"] = reference * 1e6;
+    state.counters["x_memcpy"] = each / reference;
+    munmap(buf, size);
+  }
+  if (pd) ibv_dealloc_pd(pd);
+  if (ctx) ibv_close_device(ctx);
+  if (list) ibv_free_device_list(list);
+}
+
 // Real time, like the manual (wall-clock) time of the RDMA benchmarks.
 BENCHMARK(Reference_Memcpy)->RangeMultiplier(4)->Range(8, kMaxSize)->UseRealTime();
 BENCHMARK(Reference_ShmPingPong)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -244,13 +292,24 @@ BENCHMARK_CAPTURE(Rdma_Latency, read, Op::read)
     ->Arg(8)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+// Last: this process opens the device, and the families above fork before it does.
+BENCHMARK_CAPTURE(Registration, again, false)
+    ->RangeMultiplier(16)
+    ->Range(4096, size_t{64} << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(Registration, fresh, true)
+    ->RangeMultiplier(16)
+    ->Range(4096, size_t{64} << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // One line of the summary if `key` was measured; target 0 means none.
 void ratio_line(const char *what, const std::string &key, double target = 0, bool at_least = true) {
   auto it = g_results.find(key);
   if (it == g_results.end()) return;
   const auto [value, reference] = it->second;
-  const bool bandwidth = key.find(" bw/") != std::string::npos;
+  const bool bandwidth = key.find(" bw/") != std::string::npos;  // else seconds
   const double r = value / reference, scale = bandwidth ? 1e-9 : 1e6;
   printf("  %-52s %8.3f / %8.3f %s = %6.2fx", what, value * scale, reference * scale,
          bandwidth ? "GB/s" : "us  ", r);
@@ -264,13 +323,21 @@ void print_summary() {
   if (g_results.empty()) return;
   const std::string big = std::to_string(kMaxSize);
   printf("\nRatios against the references measured beside each benchmark in this run\n");
-  printf("(bandwidth in GB/s = 10^9 B/s against memcpy; latency in us against the ping-pong):\n");
+  printf("(bandwidth in GB/s = 10^9 B/s against memcpy; latency in us against the ping-pong;\n");
+  printf(" registration in us against memcpy of the same size):\n");
   ratio_line("RDMA WRITE 4 MiB bandwidth / memcpy 4 MiB", "WRITE bw/" + big, 0.9, true);
   ratio_line("RDMA READ 4 MiB bandwidth / memcpy 4 MiB", "READ bw/" + big, 0.9, true);
   ratio_line("SEND 4 MiB bandwidth / memcpy 4 MiB", "SEND bw/" + big);
   ratio_line("SEND 8 B one-way latency / ping-pong half RTT", "SEND lat/8", 3, false);
   ratio_line("RDMA WRITE 8 B one-way latency / ping-pong half RTT", "WRITE lat/8", 6, false);
   ratio_line("RDMA READ 8 B latency / ping-pong half RTT", "READ lat/8");
+  for (size_t size : {size_t{4} << 10, size_t{64} << 10, size_t{1} << 20, size_t{64} << 20}) {
+    const std::string n = std::to_string(size);
+    const std::string label = std::to_string(size >> 10) + " KiB";
+    ratio_line(("reg+dereg " + label + " again / memcpy").c_str(), "REG again/" + n,
+               size == (size_t{1} << 20) ? 3 : 0, false);
+    ratio_line(("reg+dereg " + label + " fresh memory / memcpy").c_str(), "REG fresh/" + n);
+  }
 }
 
 }  // namespace
