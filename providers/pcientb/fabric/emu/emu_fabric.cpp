@@ -2,7 +2,8 @@
 //
 // - The fabric table (/dev/shm/pcientb.<uid>.<name>, mode 0600) maps LIDs to
 //   processes. Joining and leaving hold flock() on it, which a dying process
-//   gives back by itself.
+//   gives back by itself. The last node to leave removes it; a join removes
+//   the tables of this user whose nodes all died (killed, nobody left).
 // - A node's segment is a memfd; peers take a copy of the descriptor with
 //   pidfd_getfd() and map it. It dies with the last mapping: nothing to clean.
 // - A window (registered memory) is made of memfd chunks: registration moves
@@ -26,6 +27,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <dirent.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -184,6 +186,55 @@ bool remappable(uint64_t a, uint64_t b) {
   }
   fclose(f);
   return ok && covered >= b;
+}
+
+std::string table_prefix() {
+  return "pcientb." + std::to_string(getuid()) + ".";
+}
+
+// Whether no node of the table lives (all slots empty or dead).
+bool table_deserted(const TableFile &t) {
+  if (t.magic != kTableMagic) return false;
+  for (const NodeSlot &s : t.slots)
+    if (s.pid != 0 && slot_alive(s)) return false;
+  return true;
+}
+
+// Removes the table at `path` if it is still the file open as `fd` (locked
+// by the caller): a joiner that opened it before takes the inode change as
+// "try again".
+void unlink_if_same(const std::string &path, int fd) {
+  struct stat named {
+  }, held{};
+  if (stat(path.c_str(), &named) == 0 && fstat(fd, &held) == 0 && named.st_ino == held.st_ino)
+    unlink(path.c_str());
+}
+
+// Tables of this user's fabrics whose nodes were all killed: nobody is left to
+// remove them, so whoever joins next does. A table in use is locked only for
+// a moment by a joiner; it is skipped then.
+void sweep_deserted_tables(const std::string &keep) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  const std::string prefix = table_prefix();
+  while (dirent *e = readdir(d)) {
+    if (strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
+    std::string path = std::string("/dev/shm/") + e->d_name;
+    if (path == keep) continue;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat st {};
+    auto *t = static_cast<TableFile *>(malloc(sizeof(TableFile)));
+    if (t && fstat(fd, &st) == 0 && st.st_uid == getuid() &&
+        static_cast<size_t>(st.st_size) >= sizeof(TableFile) && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      if (pread(fd, t, sizeof *t, 0) == static_cast<ssize_t>(sizeof *t) && table_deserted(*t))
+        unlink_if_same(path, fd);
+      flock(fd, LOCK_UN);
+    }
+    free(t);
+    close(fd);
+  }
+  closedir(d);
 }
 
 // Registration moves memory onto shared memfd pages. A forked child must
@@ -371,6 +422,7 @@ class EmuFabric final : public Fabric {
 
 struct TableLock {
   explicit TableLock(int fd) : fd_(fd) { flock(fd_, LOCK_EX); }
+  TableLock(int fd, std::adopt_lock_t) : fd_(fd) {}
   ~TableLock() { flock(fd_, LOCK_UN); }
   int fd_;
 };
@@ -393,16 +445,26 @@ int EmuFabric::join(const char *name) {
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
 
-  path_ = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + name_;
+  path_ = "/dev/shm/" + table_prefix() + name_;
   const std::string &path = path_;
-  table_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (table_fd_ < 0) return errno;
+  sweep_deserted_tables(path);
   struct stat st {};
-  if (fstat(table_fd_, &st) || st.st_uid != getuid() || (st.st_mode & 077)) {
-    fprintf(stderr, "pcientb: %s is not private to this user; refusing it\n", path.c_str());
-    return EACCES;
+  for (;;) {
+    table_fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (table_fd_ < 0) return errno;
+    if (fstat(table_fd_, &st) || st.st_uid != getuid() || (st.st_mode & 077)) {
+      fprintf(stderr, "pcientb: %s is not private to this user; refusing it\n", path.c_str());
+      return EACCES;
+    }
+    flock(table_fd_, LOCK_EX);
+    // The last node may have removed the table between our open and our lock.
+    struct stat named {};
+    if (stat(path.c_str(), &named) == 0 && named.st_ino == st.st_ino) break;
+    close(table_fd_);  // gives the lock back
+    table_fd_ = -1;
   }
-  TableLock lock(table_fd_);
+  TableLock lock(table_fd_, std::adopt_lock);
+  if (fstat(table_fd_, &st)) return errno;
   if (static_cast<size_t>(st.st_size) < sizeof(TableFile) &&
       ftruncate(table_fd_, sizeof(TableFile)))
     return errno;
@@ -448,6 +510,7 @@ EmuFabric::~EmuFabric() {
     TableLock lock(table_fd_);
     NodeSlot &slot = table_->slots[lid_ - 1];
     if (slot.nonce == nonce_) memset(&slot, 0, sizeof slot);
+    if (table_deserted(*table_)) unlink_if_same(path_, table_fd_);
   }
   for (auto &p : peers_) p.reset();
   retired_.clear();
