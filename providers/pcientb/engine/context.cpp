@@ -30,11 +30,41 @@ uint64_t now_ns() {
 // ---- node -----------------------------------------------------------------
 
 namespace {
-// Nodes that report their traffic at exit if they are still open then. Never
-// destroyed: atexit handlers may run after static destructors.
-std::mutex &reporting_mu = *new std::mutex;
-std::set<Node *> &reporting = *new std::set<Node *>;
+// The nodes of this process, for what concerns them all: fork() and exit.
+// Never destroyed: atexit handlers may run after static destructors.
+std::mutex &nodes_mu = *new std::mutex;
+std::set<Node *> &live_nodes = *new std::set<Node *>;
 }  // namespace
+
+// fork() while the progress thread holds a lock (its allocator's, under a
+// sanitizer) would leave the child's copy of that lock held forever: the
+// progress threads of this process's nodes are parked over fork().
+void Node::before_fork() {
+  nodes_mu.lock();
+  for (Node *n : live_nodes)
+    if (n->pid_ == getpid()) n->park_progress(true);
+}
+
+void Node::after_fork_in_parent() {
+  for (Node *n : live_nodes)
+    if (n->pid_ == getpid()) n->park_progress(false);
+  nodes_mu.unlock();
+}
+
+void Node::after_fork_in_child() {
+  nodes_mu.unlock();  // the child's nodes are new ones; these are its parent's
+}
+
+void Node::park_progress(bool park) {
+  std::unique_lock<std::mutex> l(prog_mu_);
+  park_ = park;
+  if (!park) {
+    parked_cv_.notify_all();
+    return;
+  }
+  wake();
+  parked_cv_.wait(l, [this] { return parked_ || stop_; });
+}
 
 std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
   static std::mutex mu;
@@ -56,27 +86,31 @@ std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
     return nullptr;
   }
   n->progress_ = std::thread([p = n.get()] { p->progress_loop(); });
-  if (const char *to = getenv("PCIENTB_STATS"); to && *to) {
-    n->stats_to_ = to;
-    static std::once_flag at_exit;
-    std::call_once(at_exit, [] { atexit(report_all_at_exit); });
-    std::lock_guard<std::mutex> r(reporting_mu);
-    reporting.insert(n.get());
+  if (const char *to = getenv("PCIENTB_STATS"); to && *to) n->stats_to_ = to;
+  static std::once_flag process_hooks;
+  std::call_once(process_hooks, [] {
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+    atexit(report_all_at_exit);
+  });
+  {
+    std::lock_guard<std::mutex> r(nodes_mu);
+    live_nodes.insert(n.get());
   }
   nodes[fabric_name] = n;
   return n;
 }
 
 Node::~Node() {
-  if (!stats_to_.empty()) {
-    std::lock_guard<std::mutex> r(reporting_mu);
-    reporting.erase(this);
+  {
+    std::lock_guard<std::mutex> r(nodes_mu);
+    live_nodes.erase(this);
     report_traffic();
   }
   {
     std::lock_guard<std::mutex> g(prog_mu_);
     stop_ = true;
   }
+  parked_cv_.notify_all();
   wake();
   if (progress_.joinable()) progress_.join();
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -226,7 +260,7 @@ void Node::traffic(Counters *sum) {
   for (Cq *cq : cqs_) cq->counters.add_to(*sum);
 }
 
-// With reporting_mu.
+// With nodes_mu.
 void Node::report_traffic() {
   // A forked child holds a copy of its parent's node: not its to report.
   if (reported_ || stats_to_.empty() || getpid() != pid_) return;
@@ -252,8 +286,8 @@ void Node::report_traffic() {
 }
 
 void Node::report_all_at_exit() {
-  std::lock_guard<std::mutex> r(reporting_mu);
-  for (Node *n : reporting) n->report_traffic();
+  std::lock_guard<std::mutex> r(nodes_mu);
+  for (Node *n : live_nodes) n->report_traffic();
 }
 
 void Node::watch(fabric::Peer *peer) {
@@ -280,7 +314,13 @@ void Node::progress_loop() {
     fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
     peers.clear();
     {
-      std::lock_guard<std::mutex> g(prog_mu_);
+      std::unique_lock<std::mutex> g(prog_mu_);
+      while (park_ && !stop_) {  // over fork(), holding nothing
+        parked_ = true;
+        parked_cv_.notify_all();
+        parked_cv_.wait(g);
+      }
+      parked_ = false;
       if (stop_) return;
       next = run_pending_locked();
       // A node whose place on the fabric is gone is a device that failed.

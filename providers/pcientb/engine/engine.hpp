@@ -87,7 +87,7 @@ class Node {
   void traffic(Counters *sum);
   // Appends the node's traffic to $PCIENTB_STATS (a path, or "stderr"), once:
   // when the node leaves the fabric, or at exit.
-  void report_traffic();  // with reporting_mu (context.cpp)
+  void report_traffic();  // with nodes_mu (context.cpp)
   void watch(fabric::Peer *peer);
   // Runs deferred work that is due, from a thread polling a CQ: a sender that
   // polls retries on time even when the progress thread gets no CPU.
@@ -104,6 +104,10 @@ class Node {
   void wake();
   void on_peer_death(fabric::Peer *peer);
   static void report_all_at_exit();
+  static void before_fork();
+  static void after_fork_in_parent();
+  static void after_fork_in_child();
+  void park_progress(bool park);
 
   std::unique_ptr<fabric::Fabric> fab_;
   pid_t pid_ = 0;
@@ -125,6 +129,8 @@ class Node {
   bool reported_ = false;
 
   std::mutex prog_mu_;
+  std::condition_variable parked_cv_;
+  bool park_ = false, parked_ = false;  // the progress thread, over fork()
   std::set<Qp *> pending_;
   std::atomic<uint64_t> next_due_ns_{0};
   std::set<fabric::Peer *> watched_;
