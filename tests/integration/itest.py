@@ -8,12 +8,14 @@ outputs are printed.
 
 Environment (set by tests/integration/CMakeLists.txt):
   PCIENTB_RUN     the launcher (build-tree bin/pcientb-run)
+  PCIENTB_MPIRUN  the MPI launcher (build-tree bin/pcientb-mpirun)
   PCIENTB_FABRIC  the fabric this test's processes join
   ITEST_TIMEOUT   seconds each process may run (default 60)
 
 Exit status: 0 pass, 1 fail, 77 skip (a tool is not installed).
 """
 
+import atexit
 import errno
 import os
 import re
@@ -61,6 +63,14 @@ def launcher():
     run = os.environ.get("PCIENTB_RUN")
     if not run or not os.access(run, os.X_OK):
         print(f"[itest] PCIENTB_RUN={run!r} is not an executable launcher", flush=True)
+        sys.exit(1)
+    return run
+
+
+def mpi_launcher():
+    run = os.environ.get("PCIENTB_MPIRUN")
+    if not run or not os.access(run, os.X_OK):
+        print(f"[itest] PCIENTB_MPIRUN={run!r} is not an executable launcher", flush=True)
         sys.exit(1)
     return run
 
@@ -194,6 +204,9 @@ class Proc:
         except subprocess.TimeoutExpired:
             os.killpg(self.pid, signal.SIGKILL)
             self._done(self.p.wait())
+        # MPI launchers put their ranks in process groups of their own; the
+        # session (start_new_session) still holds them all.
+        kill_session(self.pid)
 
     def stop(self):
         """Ask a server that never exits by itself (qperf) to stop: TERM, then KILL."""
@@ -229,6 +242,21 @@ class Proc:
                 return True
             time.sleep(0.02)
         return False
+
+
+def kill_session(sid):
+    """SIGKILL every process left in session `sid` (the group leader may be gone)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # Fields after the command name (which may hold spaces): state ppid pgrp session
+                rest = f.read().rsplit(")", 1)[1].split()
+            if int(rest[3]) == sid:
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            pass
 
 
 def error_lines(text, allow=()):
@@ -290,6 +318,141 @@ def check_no_errors(procs, allow=()):
         if bad:
             p.dump()
             fail(f"{p.name} reported errors:\n  " + "\n  ".join(bad))
+
+
+# --- Provider traffic counters (PCIENTB_STATS) --------------------------------------
+# With PCIENTB_STATS=<file>, every process appends one line per node of the fabric
+# when the node leaves it (or at exit):
+#   pcientb-stats pid=P fabric=F lid=L send_ops=N send_bytes=N write_ops=N
+#     write_bytes=N read_ops=N read_bytes=N atomic_ops=N recv_ops=N recv_bytes=N errors=N
+# (the provider also prints atomic_bytes; other counters it may add are kept too).
+# Tests that claim traffic went over pcientb0 sum these over the run's processes.
+
+STATS_COUNTERS = ("send_ops", "send_bytes", "write_ops", "write_bytes", "read_ops",
+                  "read_bytes", "atomic_ops", "recv_ops", "recv_bytes", "errors")
+# Payload-carrying operations: each byte a program moves is posted once, by the
+# sender (SEND, WRITE) or by the reader (READ); recv_bytes would count SENDs twice.
+PAYLOAD_KINDS = ("send", "write", "read")
+
+
+def parse_stats_line(line):
+    """{"pid":, "fabric":, "lid":, counter: int, ...}, or None if `line` is malformed."""
+    words = line.split()
+    if not words or words[0] != "pcientb-stats":
+        return None
+    fields = {}
+    for w in words[1:]:
+        key, eq, value = w.partition("=")
+        if not eq or not key or key in fields:
+            return None
+        if key == "fabric":
+            fields[key] = value
+        elif value.isdigit():
+            fields[key] = int(value)
+        else:
+            return None
+    required = ("pid", "fabric", "lid") + STATS_COUNTERS
+    return fields if all(k in fields for k in required) else None
+
+
+class Stats:
+    """The PCIENTB_STATS file of one run; pass env() to the processes of that run."""
+
+    def __init__(self, name="run"):
+        fd, self.path = tempfile.mkstemp(prefix=f"pcientb-stats-{name}-", suffix=".txt")
+        os.close(fd)
+        atexit.register(lambda: os.path.exists(self.path) and os.unlink(self.path))
+
+    def env(self):
+        return {"PCIENTB_STATS": self.path}
+
+    def lines(self):
+        with open(self.path) as f:
+            return [line.rstrip("\n") for line in f if line.startswith("pcientb-stats")]
+
+    def nodes(self):
+        """Parsed lines of this test's fabric (see parse_stats_line)."""
+        nodes = []
+        for line in self.lines():
+            node = parse_stats_line(line)
+            if node is None:
+                fail(f"malformed pcientb-stats line in {self.path} (expected pid= fabric= "
+                     f"lid= {'= '.join(STATS_COUNTERS)}=): {line!r}")
+            if node["fabric"] == fabric():
+                nodes.append(node)
+        return nodes
+
+    def check(self, *, processes, min_bytes=0, min_ops=None, max_errors=0, what="the run"):
+        """Fail unless `processes` distinct processes reported, the payload bytes they
+        posted (SEND + WRITE + READ) add up to at least `min_bytes`, each op class in
+        `min_ops` ({"write": n, "atomic": n, ...}) reached its count, and at most
+        `max_errors` error completions were seen. Returns the totals."""
+        nodes = self.nodes()
+        if not nodes:
+            other = self.lines()
+            fail(f"no pcientb-stats lines for fabric {fabric()} in {self.path} "
+                 f"(PCIENTB_STATS; {len(other)} lines of other fabrics): the provider wrote no "
+                 f"traffic counters, so nothing shows that {what} went over pcientb0")
+        totals = {c: sum(n[c] for n in nodes) for c in STATS_COUNTERS}
+        pids = {n["pid"] for n in nodes}
+        payload = sum(totals[f"{k}_bytes"] for k in PAYLOAD_KINDS)
+        log("pcientb-stats: " + f"{len(nodes)} nodes, {len(pids)} processes: "
+            + " ".join(f"{c}={totals[c]}" for c in STATS_COUNTERS))
+        problems = []
+        if len(pids) < processes:
+            problems.append(f"counters from {len(pids)} processes, expected {processes}: a "
+                            f"process never opened pcientb0 or did not leave the fabric")
+        if payload < min_bytes:
+            problems.append(f"payload bytes posted (send+write+read) {payload} < {min_bytes} "
+                            f"that {what} moved: traffic went elsewhere")
+        for kind, n in (min_ops or {}).items():
+            if totals[f"{kind}_ops"] < n:
+                problems.append(f"{kind}_ops {totals[f'{kind}_ops']} < {n} expected for {what}")
+        if max_errors is not None and totals["errors"] > max_errors:
+            problems.append(f"errors={totals['errors']} (at most {max_errors} allowed)")
+        if problems:
+            for line in self.lines():
+                print(f"  {line}")
+            fail("pcientb-stats: " + "; ".join(problems))
+        return totals
+
+
+# --- UCX's own account of the transports it chose (UCX_LOG_LEVEL=info) ---------------
+# UCX prints, per endpoint configuration, the lanes and their transport/device:
+#   ucp_worker.c:1763 UCX  INFO    ep_cfg[0]: tag(rc_verbs/pcientb0:1) rma(rc_verbs/pcientb0:1)
+EP_CFG_RE = re.compile(r"\bep_cfg\[\d+\]: (.*)$")
+PCIENTB_LANES = ("rc_verbs/pcientb0:1", "ud_verbs/pcientb0:1")
+# With UCX_LOG_LEVEL=info UCX also reports (DIAG) that it has no rdma_cm: pcientb
+# offers none (connections are set up by UCX's own wireup over the transport).
+UCX_INFO_ALLOWED = [r"rdma_create_event_channel failed: No such file or directory",
+                    r"failed to open CM on component rdmacm"]
+
+
+def check_ucx_lanes(procs, allowed=PCIENTB_LANES, min_lines=1):
+    """Every ep_cfg lane of every process uses one of `allowed`; returns the lane lines."""
+    found = []
+    for p in procs:
+        for line in p.output().splitlines():
+            m = EP_CFG_RE.search(line)
+            if not m:
+                continue
+            found.append(m.group(1).strip())
+            lanes = re.findall(r"(\w+)\(([^)]*)\)", m.group(1))
+            if not lanes:
+                fail(f"{p.name}: cannot parse UCX lanes: {line}")
+            for _, resources in lanes:
+                for res in resources.split():
+                    if res not in allowed:
+                        p.dump()
+                        fail(f"{p.name}: UCX used {res} (not pcientb0): {line.strip()}")
+    if len(found) < min_lines:
+        for p in procs:
+            p.dump()
+        fail(f"UCX printed {len(found)} ep_cfg lines (UCX_LOG_LEVEL=info), expected "
+             f">= {min_lines}")
+    for lanes in sorted(set(found)):
+        log(f"UCX lanes: {lanes}")
+    return found
 
 
 def main(fn):
