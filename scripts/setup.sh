@@ -18,6 +18,7 @@ PACKAGES=(
   build-essential g++ cmake ninja-build pkg-config binutils git python3
   libibverbs-dev ibverbs-utils ibverbs-providers rdma-core
   perftest qperf python3-pyverbs python3-matplotlib
+  ucx-utils openmpi-bin mpich netpipe-openmpi netpipe-mpich2 hpcc python3-mpi4py
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy
 )
