@@ -4,6 +4,7 @@
   mpi.py netpipe openmpi|mpich     NetPIPE (NPopenmpi / NPmpich2), 2 ranks
   mpi.py hpcc                      HPC Challenge (hpcc, Open MPI), 2 ranks, N=1000
   mpi.py mpi4py NP [rc|ud]         mpi4py_check.py (Open MPI), NP ranks
+  mpi.py launcher                  pcientb-mpirun's command lines and usage errors
 
 Every job runs through the build's pcientb-mpirun on this test's fabric, with
 UCX_LOG_LEVEL=info and PCIENTB_STATS. Checks, besides each program's own
@@ -229,12 +230,64 @@ def mpi4py(np, tls):
     itest.main(run)
 
 
+def launcher_cli():
+    """pcientb-mpirun's contract without running MPI: --dry-run command lines, usage errors."""
+
+    def run():
+        mpirun = itest.mpi_launcher()
+
+        def call(*args, env=None):
+            r = subprocess.run([mpirun, *args], capture_output=True, text=True,
+                               env={**os.environ, **(env or {})}, timeout=30)
+            return r.returncode, r.stdout, r.stderr
+
+        rc, out, _ = call("--help")
+        if rc != 0 or "SYNOPSIS" not in out or "--mpi openmpi|mpich" not in out:
+            fail(f"--help: exit {rc}, no SYNOPSIS/--mpi in:\n{out}")
+        run_path = os.environ["PCIENTB_RUN"]
+        cases = [
+            (("-n", "2", "prog", "a"), {},
+             ["mpirun.openmpi -np 2 --mca pml ucx --mca pml_ucx_devices any --mca osc ucx",
+              "-x UCX_NET_DEVICES=pcientb0:1 -x UCX_TLS=rc_v",
+              f"-x PCIENTB_FABRIC=f1 {run_path} --fabric f1 -- prog a"]),
+            (("--mpi", "mpich", "--tls", "ud", "-n", "3", "prog"), {"PCIENTB_STATS": "/x"},
+             ["mpiexec.mpich -n 3 -genv UCX_NET_DEVICES pcientb0:1 -genv UCX_TLS ud_v",
+              "-genv PCIENTB_FABRIC f1", "-genv PCIENTB_STATS /x",
+              f"{run_path} --fabric f1 -- prog"]),
+            (("-n", "1000", "prog"), {"UCX_LOG_LEVEL": "info"},
+             ["--oversubscribe", "-x UCX_LOG_LEVEL "]),
+        ]
+        for args, env, want in cases:
+            rc, out, err = call("--dry-run", "--fabric", "f1", *args, env=env)
+            if rc != 0:
+                fail(f"--dry-run {' '.join(args)}: exit {rc}: {err}")
+            for w in want:
+                if w not in out:
+                    fail(f"--dry-run {' '.join(args)}: no {w!r} in:\n{out}")
+            if (os.geteuid() == 0) != out.startswith("OMPI_ALLOW_RUN_AS_ROOT=1 ") and \
+                    "--mpi" not in args:
+                fail(f"root-allow variables wrong for euid {os.geteuid()}: {out}")
+        log("--dry-run command lines as documented")
+        for args in (("--mpi", "lam", "-n", "2", "p"), ("-n", "0", "p"), ("-n", "2"), ("p",),
+                     ("--tls", "dc", "-n", "2", "p"), ("--bogus", "-n", "2", "p"), ("-n",),
+                     ("--fabric", "a/b", "-n", "2", "p")):
+            rc, out, err = call(*args)
+            if rc != 2 or not err.strip():
+                fail(f"pcientb-mpirun {' '.join(args)}: exit {rc}, stderr {err!r}; "
+                     f"expected exit 2 with a message")
+        log("bad usage: exit 2 with a message, 8 cases")
+
+    itest.main(run)
+
+
 def main():
     args = sys.argv[1:]
     if args[:1] == ["netpipe"] and len(args) == 2 and args[1] in ("openmpi", "mpich"):
         netpipe(args[1])
     elif args == ["hpcc"]:
         hpcc()
+    elif args == ["launcher"]:
+        launcher_cli()
     elif args[:1] == ["mpi4py"] and len(args) in (2, 3) and args[1].isdigit() and \
             (len(args) == 2 or args[2] in ("rc", "ud")):
         mpi4py(int(args[1]), args[2] if len(args) == 3 else "rc")
