@@ -518,6 +518,28 @@ TEST(PeerDeath, WorkPostedAfterThePeerWasKilledFails) {
       });
 }
 
+// No success for data that went to a dead process: work posted the moment
+// the peer has been killed and reaped fails, every time, with no grace period.
+TEST(PeerDeath, WorkPostedRightAfterThePeerIsReapedNeverSucceeds) {
+  for (int round = 0; round < 5; ++round) {
+    two_process(
+        [](Channel &ch) {
+          RcEnd a(short_timeouts());
+          a.connect(ch);
+          ASSERT_EQ(0, a.post_write(100, 0, 64, 0));  // the peer is alive: this one lands
+          ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+          ch.kill_peer();  // killed and reaped
+          for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(0, a.post_write(i, 0, 64, 0));
+          expect_peer_death_reported(wait_wcs(a.cq(), 4), a);
+        },
+        [](Channel &ch) {
+          RcEnd b(short_timeouts());
+          b.connect(ch);
+          ch.wait();
+        });
+  }
+}
+
 // The peer closes its QP and device in an orderly way (and exits): the next
 // WRs fail as with a death, nothing hangs.
 TEST(PeerDeath, WorkPostedAfterThePeerClosedItsQpFails) {

@@ -252,6 +252,21 @@ void Node::remove_cq(Cq *cq) {
   cqs_.erase(cq);
 }
 
+void Node::add_srq(Off off) {
+  std::lock_guard<std::mutex> g(mu_);
+  srqs_.insert(off);
+}
+
+void Node::remove_srq(Off off) {
+  std::lock_guard<std::mutex> g(mu_);
+  srqs_.erase(off);
+}
+
+bool Node::srq_alive(Off off) {
+  std::lock_guard<std::mutex> g(mu_);
+  return srqs_.count(off) != 0;
+}
+
 void Node::traffic(Counters *sum) {
   std::lock_guard<std::mutex> g(mu_);
   gone_.add_to(*sum);

@@ -29,7 +29,7 @@ bool take(Cq *cq, ibv_wc *wc) {
     uint64_t ticket = e.sq_ticket;
     bool got = !(ticket & CqEntry::kDiscarded);
     if (got && (ticket & CqEntry::kEager)) {
-      got = deliver_eager(*cq->ctx->node, e.eager, wc);
+      got = deliver_eager(*cq->ctx->node, e.eager, ticket & CqEntry::kEagerSrqMask, wc);
     } else if (got) {
       *wc = e.wc;
       if (ticket) cq->ctx->node->retire(ticket);

@@ -83,6 +83,11 @@ class Node {
   void retire_qp(Qp *qp);
   void add_cq(Cq *cq);
   void remove_cq(Cq *cq);
+  // The SRQs of this node by the offset of their ring: an eager entry names
+  // the SRQ its WQE came from, which may be gone by the time it is polled.
+  void add_srq(Off off);
+  void remove_srq(Off off);
+  bool srq_alive(Off off);
   // What this node's QPs and CQs, live and gone, have moved.
   void traffic(Counters *sum);
   // Appends the node's traffic to $PCIENTB_STATS (a path, or "stderr"), once:
@@ -124,6 +129,7 @@ class Node {
   Qp *qps_[kMaxQps] = {};
   std::atomic<uint64_t> sq_retired_[kMaxQps] = {};
   std::set<Cq *> cqs_;
+  std::set<Off> srqs_;
   Counters gone_;  // of destroyed QPs and CQs
   std::string stats_to_;
   bool reported_ = false;

@@ -179,12 +179,14 @@ struct CqEntry {
   };
   // A send completion retires its WR and those before it from the send
   // queue once polled: QP index << 48 | the WR's number. 0 for receives.
+  // An eager entry: kEager | the offset of the SRQ its WQE came from (or 0).
   // kDiscarded marks an entry that polling skips.
   uint64_t sq_ticket;
 
   uint32_t qp_num() const { return (sq_ticket & kEager) ? eager.qp_num : wc.qp_num; }
   static constexpr uint64_t kDiscarded = uint64_t{1} << 63;
   static constexpr uint64_t kEager = uint64_t{1} << 62;
+  static constexpr uint64_t kEagerSrqMask = (uint64_t{1} << 48) - 1;
 };
 struct CqSlot {
   RingSlot hdr;

@@ -36,20 +36,6 @@ bool is_atomic(ibv_wr_opcode op) {
   return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
-// Whether the peer still lives. The progress thread hears of a death at once;
-// between its rounds a sender asks the fabric itself, at most every 1 ms (and
-// reads the clock only every 64 WRs: the hot path stays free of it).
-bool alive(fabric::Fabric &fab, fabric::Peer &peer) {
-  if (peer.dead()) return false;
-  static thread_local uint32_t posts = 0;
-  if (++posts & 63) return true;
-  uint64_t now = now_ns();
-  uint64_t last = peer.checked_ns.load(std::memory_order_relaxed);
-  if (now - last < 1000000) return true;
-  peer.checked_ns.store(now, std::memory_order_relaxed);
-  return fab.check_alive(peer);
-}
-
 enum class Outcome { done, rnr, no_ack };
 struct Result {
   Outcome outcome;
@@ -59,6 +45,17 @@ struct Result {
 };
 Result done(ibv_wc_status s, uint32_t len = 0) {
   return {Outcome::done, s, len, 0};
+}
+
+// Success once the bytes are placed, if the peer was alive when they landed:
+// data that went to a dying node is not delivered. A message for a QP also
+// needs its target QP still there: one destroyed meanwhile discards it.
+Result landed(fabric::Fabric &fab, fabric::Peer &peer, uint64_t len,
+              const QpShared *target = nullptr, uint32_t target_qpn = 0) {
+  if (!fab.check_alive(peer)) return done(IBV_WC_RETRY_EXC_ERR);
+  if (target && target->qpn.load(std::memory_order_seq_cst) != target_qpn)
+    return done(IBV_WC_RETRY_EXC_ERR);
+  return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
 }
 
 uint64_t total_length(const SendWqe &w) {
@@ -125,7 +122,7 @@ void complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, c
         at += src.len[i];
       }
     }
-    e.sq_ticket = CqEntry::kEager;
+    e.sq_ticket = CqEntry::kEager | (target->srq & CqEntry::kEagerSrqMask);
   });
 }
 
@@ -154,7 +151,7 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     ah->peer.store(peer, std::memory_order_release);
   }
   // Unreliable datagrams to nobody, or to a QP that is not there, are lost.
-  if (!peer || !alive(fab, *peer)) return done(IBV_WC_SUCCESS);
+  if (!peer || !fab.check_alive(*peer)) return done(IBV_WC_SUCCESS);
   QpShared *t = &static_cast<AreaRoot *>(peer->area())->qps[w.remote_qpn & (kMaxQps - 1)];
   uint32_t st = t->state.load(std::memory_order_acquire);
   uint32_t qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
@@ -201,7 +198,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     qp->peer_nonce = peer->nonce();
     qp->ctx->node->watch(peer);
   }
-  if (!alive(fab, *peer)) return done(IBV_WC_RETRY_EXC_ERR);
+  if (!fab.check_alive(*peer)) return done(IBV_WC_RETRY_EXC_ERR);
   auto *root = static_cast<AreaRoot *>(peer->area());
   uint32_t dqpn = qp->attr.dest_qp_num;
   QpShared *t = &root->qps[dqpn & (kMaxQps - 1)];
@@ -232,7 +229,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
-      return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+      return landed(fab, *peer, len);
     }
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD: {
@@ -246,7 +243,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
           fab.atomic(*peer, mr.window, va_of(mr, w.remote_addr), op, w.compare_add, w.swap, &old);
       if (s != fabric::MoveStatus::ok) return done(moved(s));
       memcpy(const_cast<uint8_t *>(src.ptr[0]), &old, 8);
-      return done(IBV_WC_SUCCESS, 8);
+      return landed(fab, *peer, 8);
     }
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
@@ -264,8 +261,9 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
-      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) complete_eager(fab, *peer, t, w, pos, src, len);
-      return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+      if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return landed(fab, *peer, len);
+      complete_eager(fab, *peer, t, w, pos, src, len);
+      return landed(fab, *peer, len, t, dqpn);
     }
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: {
@@ -279,7 +277,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
           return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
         if (got == Reserve::ok) {
           complete_eager(fab, *peer, t, w, pos, src, len);
-          return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+          return landed(fab, *peer, len, t, dqpn);
         }
         // unfit: the receive may be too small or bad; it answers as below.
       }
@@ -298,7 +296,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         return done(s == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
       }
       complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
-      return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
+      return landed(fab, *peer, len, t, dqpn);
     }
     default:
       return done(IBV_WC_LOC_QP_OP_ERR);

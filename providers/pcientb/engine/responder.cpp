@@ -226,10 +226,15 @@ void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, 
   fail_target(fab, peer, target);
 }
 
-bool deliver_eager(Node &node, const EagerRecv &e, ibv_wc *wc) {
+bool deliver_eager(Node &node, const EagerRecv &e, Off srq, ibv_wc *wc) {
   AreaRoot *root = node.root();
   QpShared *t = &root->qps[e.qp_num & (kMaxQps - 1)];
-  if (t->qpn.load(std::memory_order_acquire) != e.qp_num) return false;  // QP gone
+  if (t->qpn.load(std::memory_order_acquire) != e.qp_num) {
+    // Its QP was destroyed after the sender reserved the WQE (the sender was
+    // told the message failed); a shared queue gets the WQE back.
+    if (srq && node.srq_alive(srq)) rq_give_back(at<RqShared>(root, srq), e.rq_pos);
+    return false;
+  }
   auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
   if (!rq) return false;
   // Sent as the QP was being reset: the message goes with the reset.

@@ -84,7 +84,8 @@ void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target);
 
 // At the receiver's poll: the completion of an eager entry of this node,
 // with its WQE consumed and its bytes placed. False when the entry is void
-// (its QP was destroyed or reset since).
-bool deliver_eager(Node &node, const EagerRecv &e, ibv_wc *wc);
+// (its QP was destroyed or reset since); a WQE it took from the SRQ at
+// offset `srq` (0: none) then goes back.
+bool deliver_eager(Node &node, const EagerRecv &e, Off srq, ibv_wc *wc);
 
 }  // namespace pcientb::engine

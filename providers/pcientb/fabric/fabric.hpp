@@ -34,8 +34,6 @@ class Peer {
   // Cheap; set once the fabric has seen the peer die.
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   void mark_dead() { dead_.store(true, std::memory_order_release); }
-  // When the engine last asked the fabric whether the peer lives (ns).
-  std::atomic<uint64_t> checked_ns{0};
 
  protected:
   uint16_t lid_ = 0;
@@ -67,7 +65,9 @@ class Fabric {
   // The peer with this LID (this node itself included), attached on first
   // use; nullptr if no live node has it. Stays valid until the fabric dies.
   virtual Peer *peer(uint16_t lid) = 0;
-  // Re-checks liveness now (a system call); marks the peer dead if it is.
+  // Whether the peer lives now; marks it dead if not. Cheap (no system
+  // call): asked after every transfer, so that a transfer that finds the
+  // peer alive landed in a live node.
   virtual bool check_alive(Peer &peer) = 0;
   // A descriptor that becomes readable when the peer dies, for poll().
   virtual int death_fd(Peer &peer) = 0;

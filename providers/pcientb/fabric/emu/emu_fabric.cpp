@@ -6,6 +6,11 @@
 //   the tables of this user whose nodes all died (killed, nobody left).
 // - A node's segment is a memfd; peers take a copy of the descriptor with
 //   pidfd_getfd() and map it. It dies with the last mapping: nothing to clean.
+// - Liveness: a word in the segment holds the thread id of the node's life
+//   thread and is on that thread's robust futex list, so the kernel itself
+//   marks it (FUTEX_OWNER_DIED) as the process dies, before its memory goes.
+//   A peer checks it with one load after every transfer: a transfer that
+//   finds it intact landed in a live node. A node that leaves clears it.
 // - A window (registered memory) is made of memfd chunks: registration moves
 //   the pages of the range, contents kept, onto a memfd mapped at the same
 //   address, so a peer maps the same pages and moves bytes with plain loads
@@ -17,6 +22,7 @@
 //   the shared ones moved there. Unreferenced chunks are bounded by
 //   $PCIENTB_MR_CACHE bytes (default 256 MiB; 0 disables the cache).
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/file.h>
@@ -37,6 +43,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fabric/emu/kernel_vm.hpp"
@@ -102,6 +109,10 @@ struct SegHeader {
   uint64_t nonce;
   int32_t pid;
   uint32_t pad;
+  // The robust-list entry of the life thread; the kernel finds the word at
+  // entry + (offsetof(life) - offsetof(life_entry)).
+  robust_list life_entry;
+  std::atomic<uint32_t> life;              // the life thread's tid while the node lives
   std::atomic<uint32_t> copy_atomic_lock;  // serialises atomics on kCopy windows
   WindowEntry windows[kMaxWindows];
   ChunkEntry chunks[kMaxChunks];
@@ -339,6 +350,7 @@ class EmuPeer final : public Peer {
 
   bool self = false;
   pid_t pid = 0;
+  uint32_t life = 0;  // the peer's life word while it lives
   int pidfd = -1;
   SegHeader *hdr = nullptr;
   uint64_t seg_size = 0;
@@ -393,8 +405,13 @@ class EmuFabric final : public Fabric {
   void trim_cache();
   bool still_moved(uint64_t a, uint64_t b);
 
+  int start_life();
+  void end_life();
+
   std::string name_;
   std::string path_;
+  std::thread life_;
+  std::atomic<uint32_t> life_stop_{0};  // futex word the life thread sleeps on
   int table_fd_ = -1;
   TableFile *table_ = nullptr;
   int seg_fd_ = -1;
@@ -489,6 +506,7 @@ int EmuFabric::join(const char *name) {
   hdr_->magic = kSegMagic;
   hdr_->nonce = nonce_;
   hdr_->pid = getpid();
+  if (int e = start_life()) return e;
 
   for (uint32_t i = 0; i < kMaxNodes; ++i) {
     NodeSlot &slot = table_->slots[i];
@@ -512,6 +530,7 @@ EmuFabric::~EmuFabric() {
     if (slot.nonce == nonce_) memset(&slot, 0, sizeof slot);
     if (table_deserted(*table_)) unlink_if_same(path_, table_fd_);
   }
+  end_life();
   for (auto &p : peers_) p.reset();
   retired_.clear();
   {
@@ -563,6 +582,8 @@ int EmuPeer::attach(const NodeSlot &slot) {
   hdr = static_cast<SegHeader *>(m);
   seg_size = slot.seg_size;
   if (hdr->magic != kSegMagic || hdr->nonce != slot.nonce) return ESRCH;
+  life = hdr->life.load(std::memory_order_acquire);
+  if (life == 0 || (life & FUTEX_OWNER_DIED)) return ESRCH;
   nonce_ = slot.nonce;
   area_ = reinterpret_cast<uint8_t *>(m) + kHeaderSize;
   cache_ = std::make_unique<std::atomic<const Mapping *>[]>(kMaxChunks);
@@ -658,14 +679,41 @@ bool EmuFabric::check_alive(Peer &pp) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (p.dead()) return false;
   if (p.self) return true;
-  struct pollfd pfd {
-    p.pidfd, POLLIN, 0
-  };
-  if (poll(&pfd, 1, 0) == 1) {
-    p.mark_dead();
-    return false;
-  }
-  return true;
+  if (p.hdr->life.load(std::memory_order_acquire) == p.life) return true;
+  p.mark_dead();
+  return false;
+}
+
+// The life thread only sleeps: its robust list (the life word) is what the
+// kernel processes when the process dies. It replaces the robust list glibc
+// gave the thread, which holds no robust mutex.
+int EmuFabric::start_life() {
+  std::atomic<int> started{0};
+  life_ = std::thread([this, &started] {
+    static thread_local robust_list_head head;
+    head.list.next = &hdr_->life_entry;
+    head.futex_offset =
+        static_cast<long>(offsetof(SegHeader, life) - offsetof(SegHeader, life_entry));
+    head.list_op_pending = nullptr;
+    hdr_->life_entry.next = &head.list;
+    hdr_->life.store(static_cast<uint32_t>(gettid()), std::memory_order_release);
+    bool ok = syscall(SYS_set_robust_list, &head, sizeof head) == 0;
+    started.store(ok ? 1 : -1, std::memory_order_release);
+    syscall(SYS_futex, &started, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    while (!life_stop_.load(std::memory_order_acquire))
+      syscall(SYS_futex, &life_stop_, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+    hdr_->life.store(0, std::memory_order_release);  // left: peers see it gone
+  });
+  while (started.load(std::memory_order_acquire) == 0)
+    syscall(SYS_futex, &started, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+  return started.load() == 1 ? 0 : ENOSYS;
+}
+
+void EmuFabric::end_life() {
+  if (!life_.joinable()) return;
+  life_stop_.store(1, std::memory_order_release);
+  syscall(SYS_futex, &life_stop_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  life_.join();
 }
 
 // ---- registration --------------------------------------------------------
