@@ -199,6 +199,20 @@ TEST(RcSend, ZeroLengthSendCompletesWithZeroByteLen) {
       });
 }
 
+// UCX posts an empty active message as an SGE of length 0 at address NULL
+// (lkey 0) in front of its header: nothing is read from it.
+TEST(RcSend, AnEmptySgeAtNullIsSkipped) {
+  two_process(
+      [](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        fill_pattern(a.buf.span(0, 16), 5);
+        ASSERT_EQ(0, SendWr(IBV_WR_SEND, 1).sge(nullptr, 0, 0).sge(a.sge(0, 16)).post(a.qp()));
+        EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+      },
+      [](Channel &ch) { receive_one_message(ch, {}, 16, 5); });
+}
+
 TEST(RcSend, FourMebibyteSendArrivesIntact) {
   RcOptions options;
   options.buffer_size = k4MiB;

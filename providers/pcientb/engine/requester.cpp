@@ -118,7 +118,7 @@ void complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, c
     } else {
       uint64_t at = 0;
       for (uint32_t i = 0; i < src.n; ++i) {
-        memcpy(r.data + at, src.ptr[i], src.len[i]);
+        if (src.len[i]) memcpy(r.data + at, src.ptr[i], src.len[i]);  // an empty SGE may be NULL
         at += src.len[i];
       }
     }
