@@ -78,7 +78,7 @@ std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
   if (!n->fab_) return nullptr;
   n->root_ = static_cast<AreaRoot *>(n->fab_->area());
   n->root_->magic = kAreaMagic;
-  n->bump_ = (sizeof(AreaRoot) + 4095) & ~Off{4095};
+  n->bump_ = (sizeof(AreaRoot) + kAreaPage - 1) & ~(kAreaPage - 1);
   n->self_ = n->fab_->peer(n->fab_->lid());
   n->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (!n->self_ || n->wake_fd_ < 0) {
@@ -116,28 +116,74 @@ Node::~Node() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
+// Whole pages, best fit, free neighbours merged: a node that creates and
+// destroys queues of every size forever neither fragments nor grows its area.
+// Freed pages go back to the system and read as zeros (an empty ring) when
+// they are handed out again.
 Off Node::alloc(size_t bytes) {
-  bytes = (bytes + 63) & ~size_t{63};
+  bytes = (bytes + kAreaPage - 1) & ~(kAreaPage - 1);
   std::lock_guard<std::mutex> g(mu_);
-  for (auto it = free_list_.begin(); it != free_list_.end(); ++it) {
-    if (it->first == bytes) {
-      Off off = it->second;
-      free_list_.erase(it);
-      memset(ptr(off), 0, bytes);
-      return off;
+  Off off;
+  if (auto it = free_by_size_.lower_bound({bytes, 0}); it != free_by_size_.end()) {
+    auto [size, at] = *it;
+    free_by_size_.erase(it);
+    free_at_.erase(at);
+    if (size > bytes) {
+      free_at_[at + bytes] = size - bytes;
+      free_by_size_.insert({size - bytes, at + bytes});
     }
+    off = at;
+  } else {
+    if (bump_ + bytes > fab_->area_size()) return 0;
+    off = bump_;
+    bump_ += bytes;
   }
-  if (bump_ + bytes + 64 > fab_->area_size()) return 0;
-  Off off = bump_ + 64;  // a size word before each block
-  *static_cast<uint64_t *>(ptr(bump_)) = bytes;
-  bump_ += bytes + 64;
+  used_[off] = bytes;
   return off;
 }
 
 void Node::free(Off off) {
   if (!off) return;
   std::lock_guard<std::mutex> g(mu_);
-  free_list_.emplace_back(*static_cast<uint64_t *>(ptr(off - 64)), off);
+  auto u = used_.find(off);
+  if (u == used_.end()) return;
+  size_t size = u->second;
+  used_.erase(u);
+  fab_->discard(off, size);
+  // Merge with the free blocks on either side.
+  if (auto next = free_at_.find(off + size); next != free_at_.end()) {
+    free_by_size_.erase({next->second, next->first});
+    size += next->second;
+    free_at_.erase(next);
+  }
+  if (auto prev = free_at_.lower_bound(off); prev != free_at_.begin()) {
+    --prev;
+    if (prev->first + prev->second == off) {
+      free_by_size_.erase({prev->second, prev->first});
+      off = prev->first;
+      size += prev->second;
+      free_at_.erase(prev);
+    }
+  }
+  if (off + size == bump_) {
+    bump_ = off;  // the top of the area shrinks instead
+    return;
+  }
+  free_at_[off] = size;
+  free_by_size_.insert({size, off});
+}
+
+bool Node::take_quota(Quota q) {
+  auto &n = quota_[static_cast<int>(q)];
+  uint32_t v = n.load(std::memory_order_relaxed);
+  do {
+    if (v >= kQuotaLimit[static_cast<int>(q)]) return false;
+  } while (!n.compare_exchange_weak(v, v + 1, std::memory_order_relaxed));
+  return true;
+}
+
+void Node::give_quota(Quota q) {
+  quota_[static_cast<int>(q)].fetch_sub(1, std::memory_order_relaxed);
 }
 
 int Node::alloc_mr(uint32_t *idx, uint32_t *key) {
@@ -441,16 +487,16 @@ int Context::query_device(ibv_device_attr_ex *out, size_t attr_size) {
                        IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_SRQ_RESIZE;
   d.max_sge = kMaxSge;
   d.max_sge_rd = kMaxSge;
-  d.max_cq = 65536;
+  d.max_cq = kMaxCqs;
   d.max_cqe = kMaxCqe - 1;
   d.max_mr = kMaxMrs - 1;
-  d.max_pd = 1 << 20;
+  d.max_pd = kMaxPds;
   d.max_qp_rd_atom = kMaxRdAtom;
   d.max_res_rd_atom = kMaxRdAtom * (kMaxQps - 1);
   d.max_qp_init_rd_atom = kMaxRdAtom;
   d.atomic_cap = IBV_ATOMIC_HCA;
-  d.max_ah = 65536;
-  d.max_srq = 4096;
+  d.max_ah = kMaxAhs;
+  d.max_srq = kMaxSrqs;
   d.max_srq_wr = kMaxSrqWr - 1;
   d.max_srq_sge = kMaxSge;
   d.max_pkeys = 1;

@@ -135,9 +135,14 @@ Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex
     }
   }
   Node &node = *ctx->node;
+  if (!node.take_quota(Quota::cq)) {
+    *err = ENOMEM;
+    return nullptr;
+  }
   uint32_t capacity = pow2_at_least(std::max<uint32_t>(cqe + 1, kMinCqCapacity));
   Off off = alloc_ring(node, capacity);
   if (!off) {
+    node.give_quota(Quota::cq);
     *err = ENOMEM;
     return nullptr;
   }
@@ -162,6 +167,7 @@ Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex
 int destroy_cq(Cq *cq) {
   if (cq->users.load()) return EBUSY;
   cq->ctx->node->remove_cq(cq);
+  cq->ctx->node->give_quota(Quota::cq);
   cq->ctx->node->free(cq->off);
   cq->ctx->users--;
   delete cq;

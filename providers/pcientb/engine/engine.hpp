@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -49,9 +50,13 @@ class Node {
   AreaRoot *root() { return root_; }
   fabric::Peer &self() { return *self_; }
 
-  // Peer-visible memory in this node's area.
+  // Peer-visible memory in this node's area, zeroed; 0 when there is none.
   Off alloc(size_t bytes);
   void free(Off off);
+  // Objects counted against the device's limits (query_device reports them):
+  // false when the limit is reached (ENOMEM for the verb).
+  bool take_quota(Quota q);
+  void give_quota(Quota q);
   void *ptr(Off off) { return at<void>(fab_->area(), off); }
 
   uint32_t new_pd_id() { return next_pd_.fetch_add(1) + 1; }
@@ -120,9 +125,11 @@ class Node {
   fabric::Peer *self_ = nullptr;
   std::atomic<uint32_t> next_pd_{0};
 
-  std::mutex mu_;  // tables and allocator
-  Off bump_ = 0;
-  std::vector<std::pair<size_t, Off>> free_list_;
+  std::mutex mu_;                                  // tables and allocator
+  Off bump_ = 0;                                   // the area above is untouched
+  std::map<Off, size_t> used_, free_at_;           // blocks by offset
+  std::set<std::pair<size_t, Off>> free_by_size_;  // free blocks, smallest first
+  std::atomic<uint32_t> quota_[kQuotas] = {};
   uint32_t next_mr_ = 1, next_qp_ = 1;
   uint8_t mr_gen_[kMaxMrs] = {};
   uint16_t qp_gen_[kMaxQps] = {};

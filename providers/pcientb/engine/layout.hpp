@@ -16,6 +16,13 @@ using Off = uint64_t;  // offset in a node's area; 0 means none
 
 constexpr uint32_t kMaxMrs = 16384;  // MR index is 14 bits of a key
 constexpr uint32_t kMaxQps = 4096;   // QP index is the low 12 bits of a QPN
+constexpr size_t kAreaPage = 4096;   // the area is handed out in pages
+
+// Limits of the objects that live outside the tables, per node.
+enum class Quota { pd, cq, srq, ah };
+constexpr int kQuotas = 4;
+constexpr uint32_t kMaxPds = 1 << 20, kMaxCqs = 16384, kMaxSrqs = 4096, kMaxAhs = 65536;
+constexpr uint32_t kQuotaLimit[kQuotas] = {kMaxPds, kMaxCqs, kMaxSrqs, kMaxAhs};
 constexpr uint32_t kMaxSge = 16;
 constexpr uint32_t kMaxInline = 512;
 constexpr uint32_t kMaxQpWr = 16384;

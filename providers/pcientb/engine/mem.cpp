@@ -45,8 +45,13 @@ int publish(Mr *mr, Node &node) {
 }  // namespace
 
 Pd *alloc_pd(Context *ctx, int *err) {
+  if (!ctx->node->take_quota(Quota::pd)) {
+    *err = ENOMEM;
+    return nullptr;
+  }
   auto *pd = new (std::nothrow) Pd{};
   if (!pd) {
+    ctx->node->give_quota(Quota::pd);
     *err = ENOMEM;
     return nullptr;
   }
@@ -59,6 +64,7 @@ Pd *alloc_pd(Context *ctx, int *err) {
 
 int dealloc_pd(Pd *pd) {
   if (pd->users.load()) return EBUSY;
+  pd->ctx->node->give_quota(Quota::pd);
   pd->ctx->users--;
   delete pd;
   return 0;
@@ -133,6 +139,10 @@ Ah *create_ah(Pd *pd, const ibv_ah_attr *attr, int *err) {
     *err = EINVAL;
     return nullptr;
   }
+  if (!pd->ctx->node->take_quota(Quota::ah)) {
+    *err = ENOMEM;
+    return nullptr;
+  }
   auto *ah = new Ah{};
   ah->ibv.context = pd->ctx->ibv;
   ah->ibv.pd = &pd->ibv;
@@ -143,6 +153,7 @@ Ah *create_ah(Pd *pd, const ibv_ah_attr *attr, int *err) {
 }
 
 int destroy_ah(Ah *ah) {
+  ah->pd->ctx->node->give_quota(Quota::ah);
   ah->pd->users--;
   delete ah;
   return 0;

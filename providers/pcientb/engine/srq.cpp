@@ -20,8 +20,13 @@ Srq *create_srq(Pd *pd, ibv_srq_init_attr *a, int *err) {
   }
   Node &node = *pd->ctx->node;
   uint32_t capacity = pow2_at_least(std::max(s.max_wr + 1, kMinSrqCapacity));
+  if (!node.take_quota(Quota::srq)) {
+    *err = ENOMEM;
+    return nullptr;
+  }
   Off off = rq_create(node, capacity, s.max_sge, pd->id);
   if (!off) {
+    node.give_quota(Quota::srq);
     *err = ENOMEM;
     return nullptr;
   }
@@ -68,6 +73,7 @@ int query_srq(Srq *srq, ibv_srq_attr *a) {
 int destroy_srq(Srq *srq) {
   if (srq->users.load()) return EBUSY;
   srq->ctx->node->remove_srq(srq->off);
+  srq->ctx->node->give_quota(Quota::srq);
   srq->ctx->node->free(srq->off);
   srq->pd->users--;
   delete srq;

@@ -57,6 +57,9 @@ class Fabric {
   // This node's engine area (peer-reachable) and its size.
   virtual void *area() = 0;
   virtual size_t area_size() const = 0;
+  // [off, off + len) of the area (whole pages) is no longer used: its memory
+  // goes back, and it reads as zeros from then on.
+  virtual void discard(size_t off, size_t len) = 0;
 
   // Whether this node still holds its place on the fabric (a system call);
   // false once its entry was removed or taken: the device is lost.

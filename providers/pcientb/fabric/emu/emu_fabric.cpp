@@ -58,7 +58,7 @@ constexpr uint32_t kMaxNodes = 1024;
 constexpr uint32_t kMaxWindows = 16384;
 constexpr uint32_t kMaxChunks = 16384;
 constexpr uint32_t kMaxExtents = 8;
-constexpr size_t kAreaSize = size_t{1} << 30;  // sparse: only touched pages cost memory
+constexpr size_t kAreaSize = size_t{32} << 30;  // sparse: only touched pages cost memory
 constexpr size_t kPage = 4096;
 constexpr uint64_t kDefaultMrCache = uint64_t{256} << 20;
 
@@ -380,6 +380,10 @@ class EmuFabric final : public Fabric {
   const char *name() const override { return name_.c_str(); }
   void *area() override { return reinterpret_cast<uint8_t *>(hdr_) + kHeaderSize; }
   size_t area_size() const override { return kAreaSize; }
+  void discard(size_t off, size_t len) override {
+    fallocate(seg_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              static_cast<off_t>(kHeaderSize + off), static_cast<off_t>(len));
+  }
 
   bool member() override;
   Peer *peer(uint16_t lid) override;
