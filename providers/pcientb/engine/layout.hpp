@@ -21,7 +21,7 @@ constexpr size_t kAreaPage = 4096;   // the area is handed out in pages
 // Limits of the objects that live outside the tables, per node.
 enum class Quota { pd, cq, srq, ah };
 constexpr int kQuotas = 4;
-constexpr uint32_t kMaxPds = 1 << 20, kMaxCqs = 16384, kMaxSrqs = 4096, kMaxAhs = 65536;
+constexpr uint32_t kMaxPds = 1 << 20, kMaxCqs = 4096, kMaxSrqs = 4096, kMaxAhs = 65536;
 constexpr uint32_t kQuotaLimit[kQuotas] = {kMaxPds, kMaxCqs, kMaxSrqs, kMaxAhs};
 constexpr uint32_t kMaxSge = 16;
 constexpr uint32_t kMaxInline = 512;

@@ -58,7 +58,7 @@ constexpr uint32_t kMaxNodes = 1024;
 constexpr uint32_t kMaxWindows = 16384;
 constexpr uint32_t kMaxChunks = 16384;
 constexpr uint32_t kMaxExtents = 8;
-constexpr size_t kAreaSize = size_t{32} << 30;  // sparse: only touched pages cost memory
+constexpr size_t kAreaSize = size_t{2} << 30;  // sparse: only touched pages cost memory
 constexpr size_t kPage = 4096;
 constexpr uint64_t kDefaultMrCache = uint64_t{256} << 20;
 
@@ -120,11 +120,22 @@ struct SegHeader {
 constexpr size_t kHeaderSize = (sizeof(SegHeader) + kPage - 1) & ~(kPage - 1);
 constexpr size_t kSegSize = kHeaderSize + kAreaSize;
 
+// -1 where the kernel (or valgrind, which does not know the call) has no
+// pidfds: the node then learns of a peer's death from its life word alone.
 int sys_pidfd_open(pid_t pid) {
   return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
 }
-int sys_pidfd_getfd(int pidfd, int fd) {
-  return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+
+// A copy of the peer's descriptor `fd`; without pidfd_getfd, opened anew
+// through /proc (same file, same rights check: ptrace access to the peer).
+int peer_fd(pid_t pid, int pidfd, int fd, int flags) {
+  if (pidfd >= 0) {
+    int got = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+    if (got >= 0 || errno != ENOSYS) return got;
+  }
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", static_cast<int>(pid), fd);
+  return open(path, flags | O_CLOEXEC);
 }
 
 uint64_t process_start_time(pid_t pid) {
@@ -570,10 +581,10 @@ void EmuPeer::attach_self(SegHeader *h, uint64_t nonce) {
 int EmuPeer::attach(const NodeSlot &slot) {
   pid = slot.pid;
   pidfd = sys_pidfd_open(pid);
-  if (pidfd < 0) return errno;
+  if (pidfd < 0 && errno != ENOSYS) return errno;
   // The slot may belong to a process that exited and whose pid was reused.
   if (!slot_alive(slot)) return ESRCH;
-  int fd = sys_pidfd_getfd(pidfd, slot.seg_fd);
+  int fd = peer_fd(pid, pidfd, slot.seg_fd, O_RDWR);
   if (fd < 0) return errno == ESRCH ? ESRCH : errno;
   if (fd_ino(fd) != slot.seg_ino) {
     close(fd);
@@ -605,7 +616,7 @@ const EmuPeer::Mapping *EmuPeer::chunk_mapping(uint32_t idx, uint32_t gen) {
   if (c.gen.load(std::memory_order_acquire) != gen) return nullptr;
   int32_t cfd = c.fd;
   uint64_t ino = c.ino, size = c.size;
-  int fd = sys_pidfd_getfd(pidfd, cfd);
+  int fd = peer_fd(pid, pidfd, cfd, O_RDWR);
   if (fd < 0) return nullptr;
   if (fd_ino(fd) != ino || c.gen.load(std::memory_order_acquire) != gen) {
     close(fd);
@@ -640,7 +651,7 @@ int EmuPeer::doorbell_fd(int fd, uint64_t ino) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = doorbells_.find({fd, ino});
   if (it != doorbells_.end()) return it->second;
-  int local = sys_pidfd_getfd(pidfd, fd);
+  int local = peer_fd(pid, pidfd, fd, O_WRONLY | O_NONBLOCK);
   if (local < 0) return -1;
   if (fd_ino(local) != ino) {
     close(local);
