@@ -282,7 +282,9 @@ void Node::retire_qp(Qp *qp) {
   std::lock_guard<std::mutex> g(prog_mu_);
   pending_.erase(qp);
   std::lock_guard<std::mutex> t(mu_);
-  root_->qps[qp->idx].qpn.store(0, std::memory_order_release);
+  // Pairs with complete_with: a sender that claims a CQ slot after this sees
+  // the number gone; one that claimed before is waited for by cq_discard_qp.
+  root_->qps[qp->idx].qpn.store(0, std::memory_order_seq_cst);
   qps_[qp->idx] = nullptr;
   qp->counters.add_to(gone_);
 }

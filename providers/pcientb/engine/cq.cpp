@@ -228,10 +228,17 @@ int resize_cq(Cq *cq, int cqe) {
 void cq_discard_qp(Cq *cq, uint32_t qp_num, RqShared *srq) {
   std::lock_guard<SpinLock> g(cq->poll_mu);
   RingHeader *r = &cq->sh->ring;
-  uint64_t tail = r->tail.load(std::memory_order_acquire);
+  // The QP's number is gone (Node::retire_qp): a sender that claimed a slot
+  // before that publishes its entry, and every later one finds the number
+  // gone and publishes a void one. Wait for the former (a producer that died
+  // holding a slot is given up on after a while).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint64_t tail = r->tail.load(std::memory_order_relaxed);
+  const uint64_t give_up = now_ns() + 100'000'000;
   for (uint64_t pos = r->head.load(std::memory_order_acquire); pos < tail; ++pos) {
     RingSlot *s = ring_slot(r, pos);
-    if (ring_seq(r, s, pos) != pos + 1) break;  // not published yet: nothing of ours after
+    while (ring_seq(r, s, pos) != pos + 1 && now_ns() < give_up) sched_yield();
+    if (ring_seq(r, s, pos) != pos + 1) break;
     CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
     if (e.qp_num() != qp_num || (e.sq_ticket & CqEntry::kDiscarded)) continue;
     e.sq_ticket |= CqEntry::kDiscarded;
@@ -248,6 +255,12 @@ CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64
     ring_doorbell(fab, owner, cq->async, &rec, sizeof rec);
   }
   return nullptr;
+}
+
+void cq_void(CqShared *cq, uint64_t pos) {
+  RingSlot *s = ring_slot(&cq->ring, pos);
+  reinterpret_cast<CqSlot *>(s)->e.sq_ticket = CqEntry::kDiscarded;
+  ring_publish(&cq->ring, s, pos);
 }
 
 void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,

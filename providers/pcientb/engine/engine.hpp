@@ -361,6 +361,8 @@ void qp_enter_error(Qp *qp);
 CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t *pos);
 void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
                bool solicited);
+// Publishes a claimed entry as void: polling skips it.
+void cq_void(CqShared *cq, uint64_t pos);
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len);
 void init_cq_ex(Cq *cq);

@@ -48,13 +48,9 @@ Result done(ibv_wc_status s, uint32_t len = 0) {
 }
 
 // Success once the bytes are placed, if the peer was alive when they landed:
-// data that went to a dying node is not delivered. A message for a QP also
-// needs its target QP still there: one destroyed meanwhile discards it.
-Result landed(fabric::Fabric &fab, fabric::Peer &peer, uint64_t len,
-              const QpShared *target = nullptr, uint32_t target_qpn = 0) {
+// data that went to a dying node is not delivered.
+Result landed(fabric::Fabric &fab, fabric::Peer &peer, uint64_t len) {
   if (!fab.check_alive(peer)) return done(IBV_WC_RETRY_EXC_ERR);
-  if (target && target->qpn.load(std::memory_order_seq_cst) != target_qpn)
-    return done(IBV_WC_RETRY_EXC_ERR);
   return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
 }
 
@@ -100,30 +96,38 @@ ibv_wc recv_wc(Qp *qp, const SendWqe &w, QpShared *target, uint64_t wr_id, uint3
 }
 
 // Completes an eager SEND (its bytes inside) or a WRITE with immediate at
-// the target, for the receive WQE reserved at pos.
-void complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const SendWqe &w,
-                    uint64_t pos, const Gather &src, uint64_t len) {
+// the target QP qpn, for the receive WQE reserved at pos. False when the QP
+// was destroyed meanwhile: a WQE reserved from an SRQ goes back.
+bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, uint32_t qpn,
+                    const SendWqe &w, uint64_t pos, const Gather &src, uint64_t len) {
   auto *cq = at<CqShared>(peer.area(), target->rcq);
-  complete_with(fab, peer, target, cq, w.flags & IBV_SEND_SOLICITED, [&](CqEntry &e) {
-    EagerRecv &r = e.eager;
-    r.rq_pos = pos;
-    r.qp_num = target->qpn.load(std::memory_order_relaxed);
-    r.byte_len = static_cast<uint32_t>(len);
-    r.imm_data = w.imm;
-    r.flags = 0;
-    if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-      r.flags |= kEagerImm;
-    if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-      r.flags |= kEagerWriteImm;
-    } else {
-      uint64_t at = 0;
-      for (uint32_t i = 0; i < src.n; ++i) {
-        if (src.len[i]) memcpy(r.data + at, src.ptr[i], src.len[i]);  // an empty SGE may be NULL
-        at += src.len[i];
-      }
-    }
-    e.sq_ticket = CqEntry::kEager | (target->srq & CqEntry::kEagerSrqMask);
-  });
+  Off srq = target->srq;
+  bool arrived = complete_with(
+      fab, peer, target, cq, w.flags & IBV_SEND_SOLICITED,
+      [&](CqEntry &e) {
+        EagerRecv &r = e.eager;
+        r.rq_pos = pos;
+        r.qp_num = qpn;
+        r.byte_len = static_cast<uint32_t>(len);
+        r.imm_data = w.imm;
+        r.flags = 0;
+        if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+          r.flags |= kEagerImm;
+        if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+          r.flags |= kEagerWriteImm;
+        } else {
+          uint64_t at = 0;
+          for (uint32_t i = 0; i < src.n; ++i) {
+            if (src.len[i])
+              memcpy(r.data + at, src.ptr[i], src.len[i]);  // an empty SGE may be NULL
+            at += src.len[i];
+          }
+        }
+        e.sq_ticket = CqEntry::kEager | (srq & CqEntry::kEagerSrqMask);
+      },
+      qpn);
+  if (!arrived && srq) rq_give_back(at<RqShared>(peer.area(), srq), pos);
+  return arrived;
 }
 
 void fill_grh(Qp *qp, const Ah *ah, uint32_t payload, uint8_t *grh) {
@@ -185,7 +189,8 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     wc.status = s;
     wc.byte_len = 0;
   }
-  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
+  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED,
+              w.remote_qpn);
   return done(IBV_WC_SUCCESS);
 }
 
@@ -262,8 +267,8 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         off += src.len[i];
       }
       if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return landed(fab, *peer, len);
-      complete_eager(fab, *peer, t, w, pos, src, len);
-      return landed(fab, *peer, len, t, dqpn);
+      if (!complete_eager(fab, *peer, t, dqpn, w, pos, src, len)) return done(IBV_WC_RETRY_EXC_ERR);
+      return landed(fab, *peer, len);
     }
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: {
@@ -276,8 +281,9 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (got == Reserve::empty)
           return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
         if (got == Reserve::ok) {
-          complete_eager(fab, *peer, t, w, pos, src, len);
-          return landed(fab, *peer, len, t, dqpn);
+          if (!complete_eager(fab, *peer, t, dqpn, w, pos, src, len))
+            return done(IBV_WC_RETRY_EXC_ERR);
+          return landed(fab, *peer, len);
         }
         // unfit: the receive may be too small or bad; it answers as below.
       }
@@ -295,8 +301,10 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         responder_error(fab, *peer, t, wc);
         return done(s == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
       }
-      complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED);
-      return landed(fab, *peer, len, t, dqpn);
+      if (!complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED,
+                       dqpn))
+        return done(IBV_WC_RETRY_EXC_ERR);  // its QP is gone (a WQE taken from an SRQ with it)
+      return landed(fab, *peer, len);
     }
     default:
       return done(IBV_WC_LOC_QP_OP_ERR);

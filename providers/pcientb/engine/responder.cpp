@@ -230,8 +230,8 @@ bool deliver_eager(Node &node, const EagerRecv &e, Off srq, ibv_wc *wc) {
   AreaRoot *root = node.root();
   QpShared *t = &root->qps[e.qp_num & (kMaxQps - 1)];
   if (t->qpn.load(std::memory_order_acquire) != e.qp_num) {
-    // Its QP was destroyed after the sender reserved the WQE (the sender was
-    // told the message failed); a shared queue gets the WQE back.
+    // Published after its QP's destroy stopped waiting for it (a sender
+    // stalled for long): a shared queue gets the reserved WQE back.
     if (srq && node.srq_alive(srq)) rq_give_back(at<RqShared>(root, srq), e.rq_pos);
     return false;
   }

@@ -57,23 +57,41 @@ ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, u
 // Adds a completion of QP qp (of `owner`) to cq, filled in place by
 // fill(CqEntry &). An HCA that cannot write a completion (the CQ overran)
 // fails the QP and tells its owner: QP_FATAL.
+//
+// A message for a peer's QP passes that QP's number as `qpn`: once the slot
+// is claimed, a QP with another number there means it was destroyed since
+// the sender's checks, and the slot is published void (false: the message did
+// not arrive). A destroy after that point finds the entry: cq_discard_qp
+// waits for every slot claimed before it took the QP's number away.
 void qp_overran(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp);
 template <typename Fill>
-void complete_with(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
-                   bool solicited, Fill &&fill) {
-  if (!cq) return;
+bool complete_with(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
+                   bool solicited, Fill &&fill, uint32_t qpn = 0) {
+  if (!cq) return true;
   uint64_t pos;
   CqEntry *e = cq_claim(fab, owner, cq, &pos);
-  if (!e) return qp_overran(fab, owner, qp);
+  if (!e) {
+    qp_overran(fab, owner, qp);
+    return true;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with Node::retire_qp
+  if (qpn && qp->qpn.load(std::memory_order_relaxed) != qpn) {
+    cq_void(cq, pos);
+    return false;
+  }
   fill(*e);
   cq_commit(fab, owner, cq, pos, solicited);
+  return true;
 }
-inline void complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
-                        const ibv_wc &wc, bool solicited) {
-  complete_with(fab, owner, qp, cq, solicited, [&](CqEntry &e) {
-    e.wc = wc;
-    e.sq_ticket = 0;
-  });
+inline bool complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqShared *cq,
+                        const ibv_wc &wc, bool solicited, uint32_t qpn = 0) {
+  return complete_with(
+      fab, owner, qp, cq, solicited,
+      [&](CqEntry &e) {
+        e.wc = wc;
+        e.sq_ticket = 0;
+      },
+      qpn);
 }
 
 // A responder-side error: completes wc on the target's receive CQ, moves the
