@@ -207,6 +207,73 @@ TEST(Srq, DestroyingAQpWithUnpolledSmallSendsGivesTheirReceivesBack) {
       });
 }
 
+// A QP destroyed while small SENDs stream into it, between a sender's checks
+// and its completion: every SRQ receive that its messages held is released.
+// Filled up again, the SRQ serves max_wr messages without an RNR (rnr_retry
+// 0 on the new QP): a receive slot lost to the race would show.
+TEST(Srq, AQpDestroyedMidStreamLeavesEveryUnpolledReceiveInTheSrq) {
+  constexpr uint32_t kMaxWr = 16;
+  for (int round = 0; round < 3; ++round) {
+    two_process(
+        [&](Channel &ch) {
+          TwoQpSender a;
+          RcParams streaming;
+          streaming.timeout = 8;
+          streaming.retry_cnt = 2;
+          RcParams strict;
+          strict.rnr_retry = 0;
+          a.first.connect(ch, a.first.endpoint(a.node, a.buf), streaming);
+          a.second.connect(ch, a.second.endpoint(a.node, a.buf), strict);
+          // Stream until the target QP is gone: successes, then one failure,
+          // then flushes.
+          uint64_t posted = 0, done = 0;
+          bool failed = false;
+          while (!failed || done < posted) {
+            if (!failed && posted - done < 8) {
+              ASSERT_EQ(0,
+                        SendWr(IBV_WR_SEND, posted++).sge(a.buf.sge(0, 8)).post(a.first.qp.get()));
+              continue;
+            }
+            ibv_wc wc = wait_wc(a.first.cq.get(), 20s);
+            ++done;
+            if (wc.status != IBV_WC_SUCCESS) failed = true;
+          }
+          ch.wait();  // the target destroyed its first QP
+          for (uint64_t k = 0; k < kMaxWr; ++k) {
+            ASSERT_EQ(0, SendWr(IBV_WR_SEND, k).sge(a.buf.sge(0, 8)).post(a.second.qp.get()));
+            EXPECT_EQ(wait_wc(a.second.cq.get()).status, IBV_WC_SUCCESS) << "message " << k;
+          }
+        },
+        [&](Channel &ch) {
+          Node node;
+          Buffer buf{node.pd.get(), 64 * 1024};
+          SrqPtr srq = create_srq(node.pd.get(), kMaxWr);
+          RcQp first{node, {}, srq.get()};
+          RcQp second{node, {}, srq.get()};
+          auto post = [&](uint64_t i) {
+            return RecvWr(i).sge(buf.sge(64 * (i % kMaxWr), 64)).post(srq.get());
+          };
+          for (uint64_t i = 0; i < kMaxWr; ++i) ASSERT_EQ(0, post(i));
+          first.connect(ch, first.endpoint(node, buf), {});
+          second.connect(ch, second.endpoint(node, buf), {});
+          // Take 300 messages, giving each receive back at once, then destroy
+          // the QP while the sender still sends.
+          for (uint64_t got = 0; got < 300;) {
+            ibv_wc wc = wait_wc(first.cq.get());
+            ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+            ASSERT_EQ(0, post(wc.wr_id));
+            ++got;
+          }
+          first.qp.reset();
+          // Receives that discarded messages consumed are gone: fill up again.
+          for (uint64_t i = kMaxWr; post(i) == 0; ++i) ASSERT_LT(i, 3 * kMaxWr);
+          ch.signal();
+          auto wcs = wait_wcs(second.cq.get(), kMaxWr);
+          for (const ibv_wc &wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        });
+  }
+}
+
 // An SRQ armed with limit 8 and holding 10 receives raises
 // IBV_EVENT_SRQ_LIMIT_REACHED when the third message leaves 7, and disarms.
 TEST(Srq, DroppingBelowTheLimitRaisesTheLimitEventOnce) {
