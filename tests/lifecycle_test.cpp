@@ -9,7 +9,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <set>
 #include <string>
 
@@ -27,23 +26,6 @@ std::set<std::string> tables_named(const std::string &prefix) {
     closedir(d);
   }
   return names;
-}
-
-size_t count_entries(const char *dir) {
-  size_t n = 0;
-  if (DIR *d = opendir(dir)) {
-    while (readdir(d)) ++n;
-    closedir(d);
-  }
-  return n;
-}
-
-size_t count_lines(const char *path) {
-  std::ifstream in(path);
-  std::string line;
-  size_t n = 0;
-  while (std::getline(in, line)) ++n;
-  return n;
 }
 
 // One node on `fabric` doing what the suite's tests do: a QP, a CQ and
@@ -107,8 +89,7 @@ struct ChildNode {
 TEST(Lifecycle, FabricsLeaveNoTableAndAProcessNoDescriptorsOrMappings) {
   const std::string prefix = "lifecycle" + std::to_string(getpid()) + "_";
   be_a_node(prefix + "warmup");  // loads the provider, caches a thread stack
-  const size_t fds = count_entries("/proc/self/fd");
-  const size_t maps = count_lines("/proc/self/maps");
+  const Footprint before = footprint();
 
   for (int i = 0; i < 12; ++i) {
     const std::string fabric = prefix + std::to_string(i);
@@ -126,8 +107,9 @@ TEST(Lifecycle, FabricsLeaveNoTableAndAProcessNoDescriptorsOrMappings) {
   be_a_node(prefix + "last");
 
   EXPECT_EQ(tables_named(prefix), std::set<std::string>{}) << "tables left in /dev/shm";
-  EXPECT_EQ(count_entries("/proc/self/fd"), fds) << "descriptors left open";
-  EXPECT_EQ(count_lines("/proc/self/maps"), maps) << "mappings left";
+  const Footprint after = footprint();
+  EXPECT_EQ(after.fds, before.fds) << "descriptors left open";
+  EXPECT_EQ(after.maps, before.maps) << "mappings left";
 }
 
 }  // namespace

@@ -2,10 +2,7 @@
 // made up to its limit, one more fails with ENOMEM; and creating and
 // destroying objects of every type again and again leaks nothing (no
 // descriptor, no mapping, no memory, no area fragmentation).
-#include <dirent.h>
-
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -45,20 +42,20 @@ TEST(Limits, EveryObjectUpToItsAdvertisedLimitThenEnomem) {
   Limits l;
   ibv_context *ctx = l.node.ctx.get();
   ibv_pd *pd = l.node.pd.get();
-  expect_limit<ibv_pd>("PD", l.dev.max_pd, 1, [&] { return ibv_alloc_pd(ctx); }, ibv_dealloc_pd);
+  expect_limit<ibv_pd>(
+      "PD", l.dev.max_pd, 1, [&] { return ibv_alloc_pd(ctx); }, ibv_dealloc_pd);
   expect_limit<ibv_cq>(
       "CQ", l.dev.max_cq, 0, [&] { return ibv_create_cq(ctx, 16, nullptr, nullptr, 0); },
       ibv_destroy_cq);
   std::vector<uint8_t> mem(4096);
   expect_limit<ibv_mr>(
       "MR", l.dev.max_mr, 0,
-      [&] { return ibv_reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE); },
-      ibv_dereg_mr);
+      [&] { return ibv_reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE); }, ibv_dereg_mr);
   ibv_ah_attr ah{};
   ah.dlid = l.node.lid();
   ah.port_num = kPort;
-  expect_limit<ibv_ah>("AH", l.dev.max_ah, 0, [&] { return ibv_create_ah(pd, &ah); },
-                       ibv_destroy_ah);
+  expect_limit<ibv_ah>(
+      "AH", l.dev.max_ah, 0, [&] { return ibv_create_ah(pd, &ah); }, ibv_destroy_ah);
   expect_limit<ibv_srq>(
       "SRQ", l.dev.max_srq, 0,
       [&] {
@@ -78,44 +75,11 @@ TEST(Limits, EveryObjectUpToItsAdvertisedLimitThenEnomem) {
       ibv_destroy_qp);
 }
 
-size_t count_entries(const char *dir) {
-  size_t n = 0;
-  if (DIR *d = opendir(dir)) {
-    while (readdir(d)) ++n;
-    closedir(d);
-  }
-  return n;
-}
-
-size_t count_lines(const char *path) {
-  std::ifstream in(path);
-  std::string line;
-  size_t n = 0;
-  while (std::getline(in, line)) ++n;
-  return n;
-}
-
-long rss_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  long value = 0;
-  while (in >> key)
-    if (key == "VmRSS:" && in >> value) return value;
-  return -1;
-}
-
-// Everything a leak would show in, taken after a warm-up round.
-struct Footprint {
-  size_t fds = count_entries("/proc/self/fd");
-  size_t maps = count_lines("/proc/self/maps");
-  long rss = rss_kib();
-};
-
 void expect_no_growth(const Footprint &before, const char *what) {
-  Footprint after;
+  const Footprint after = footprint();
   EXPECT_EQ(after.fds, before.fds) << what << ": descriptors";
   EXPECT_EQ(after.maps, before.maps) << what << ": mappings";
-  EXPECT_LT(after.rss - before.rss, 8 * 1024) << what << ": resident memory grew (KiB)";
+  EXPECT_LT(after.rss_kib - before.rss_kib, 8 * 1024) << what << ": resident memory grew (KiB)";
 }
 
 constexpr int kCycles = 10000;
@@ -125,7 +89,7 @@ constexpr int kCycles = 10000;
 void cycles(const char *what, const std::function<void()> &cycle) {
   cycle();
   cycle();
-  Footprint before;
+  const Footprint before = footprint();
   for (int i = 0; i < kCycles; ++i) cycle();
   expect_no_growth(before, what);
 }

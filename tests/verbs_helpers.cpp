@@ -1,11 +1,13 @@
 #include "verbs_helpers.hpp"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -610,6 +612,22 @@ void receive_one_message(Channel &ch, const RcOptions &options, uint32_t byte_le
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
   EXPECT_EQ(wc.byte_len, byte_len);
   EXPECT_TRUE(has_pattern(b.buf.span(0, byte_len), seed));
+}
+
+// ---- what this process holds ---------------------------------------------------
+
+Footprint footprint() {
+  Footprint f{0, 0, -1};
+  if (DIR *d = opendir("/proc/self/fd")) {
+    while (readdir(d)) ++f.fds;
+    closedir(d);
+  }
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) ++f.maps;
+  std::ifstream status("/proc/self/status");
+  for (std::string key; status >> key;)
+    if (key == "VmRSS:" && status >> f.rss_kib) break;
+  return f;
 }
 
 }  // namespace pcientb::test

@@ -211,6 +211,15 @@ void fill_pattern(std::span<uint8_t> bytes, uint32_t seed, size_t first_offset =
 
 bool is_one_of(int value, std::initializer_list<int> allowed);
 
+// ---- what this process holds ---------------------------------------------------
+
+// Open descriptors, mappings and resident memory (KiB): what a leak shows in.
+struct Footprint {
+  size_t fds, maps;
+  long rss_kib;
+};
+Footprint footprint();
+
 // ---- one side of a connection -------------------------------------------------
 
 struct RcOptions {
