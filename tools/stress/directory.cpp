@@ -33,6 +33,7 @@ const char *anomaly_name(Anomaly a) {
       "completion for no outstanding WR",
       "QP not in ERR after an error completion",
       "success for a WR posted to a dead process",
+      "SRQ QP in ERR: no IBV_EVENT_QP_LAST_WQE_REACHED",
   };
   return names[static_cast<int>(a)];
 }

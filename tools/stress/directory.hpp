@@ -54,8 +54,9 @@ enum class Anomaly : uint8_t {
   kUnknownCompletion,  // a completion for no WR this side has outstanding
   kNotInError,         // a QP not in ERR after an error completion
   kSuccessToDead,      // success for a WR posted after its target had been reaped
+  kNoLastWqe,          // an SRQ QP in ERR raised no IBV_EVENT_QP_LAST_WQE_REACHED
 };
-inline constexpr int kAnomalyCount = 10;
+inline constexpr int kAnomalyCount = 11;
 const char *anomaly_name(Anomaly a);
 
 using Counter = std::atomic<uint64_t>;

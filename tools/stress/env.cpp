@@ -12,13 +12,17 @@ Env::Env(Directory &dir_, const Options &opt_, int slot_, uint32_t gen_)
       me(dir_.slots[slot_]),
       cnt(me.counters),
       rng(mix(opt_.seed ^ mix((static_cast<uint64_t>(slot_) << 32) | gen_))),
-      region_len(2 * opt_.max_size) {}
+      region_len(2 * opt_.max_size) {
+  if (opt.verbose) budget_[kInfo] = 1 << 30;  // --verbose asks for all of them
+}
 
-void Env::vlog(const char *fmt, va_list ap) {
-  if (log_budget_ <= 0) return;
-  if (--log_budget_ == 0) {
-    std::fprintf(stderr, "pcientb-stress[w%d.g%u]: (further messages of this worker omitted)\n",
-                 slot, gen);
+void Env::vlog(LogKind kind, const char *fmt, va_list ap) {
+  static const char *names[kLogKinds] = {
+      "log", "unexpected status", "unexpected event", "corruption", "loss", "hang"};
+  if (budget_[kind] <= 0) return;
+  if (--budget_[kind] == 0) {
+    std::fprintf(stderr, "pcientb-stress[w%d.g%u]: (further %s messages of this worker omitted)\n",
+                 slot, gen, names[kind]);
     return;
   }
   char line[1024];
@@ -29,7 +33,7 @@ void Env::vlog(const char *fmt, va_list ap) {
 void Env::log(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vlog(fmt, ap);
+  vlog(kInfo, fmt, ap);
   va_end(ap);
 }
 
@@ -37,7 +41,7 @@ void Env::trace(const char *fmt, ...) {
   if (!opt.verbose) return;
   va_list ap;
   va_start(ap, fmt);
-  vlog(fmt, ap);
+  vlog(kInfo, fmt, ap);
   va_end(ap);
 }
 
@@ -45,7 +49,7 @@ void Env::unexpected_status(int status, const char *fmt, ...) {
   bump(cnt.unexpected_status[status >= 0 && status < kStatusSlots ? status : kStatusSlots - 1]);
   va_list ap;
   va_start(ap, fmt);
-  vlog(fmt, ap);
+  vlog(kStatus, fmt, ap);
   va_end(ap);
 }
 
@@ -53,7 +57,7 @@ void Env::anomaly(Anomaly a, const char *fmt, ...) {
   bump(cnt.anomalies[static_cast<int>(a)]);
   va_list ap;
   va_start(ap, fmt);
-  vlog(fmt, ap);
+  vlog(kAnomaly, fmt, ap);
   va_end(ap);
 }
 
@@ -61,7 +65,7 @@ void Env::corrupted(const char *fmt, ...) {
   bump(cnt.corrupted);
   va_list ap;
   va_start(ap, fmt);
-  vlog(fmt, ap);
+  vlog(kCorrupted, fmt, ap);
   va_end(ap);
 }
 
@@ -69,7 +73,7 @@ void Env::lost(uint64_t n, const char *fmt, ...) {
   bump(cnt.lost, n);
   va_list ap;
   va_start(ap, fmt);
-  vlog(fmt, ap);
+  vlog(kLost, fmt, ap);
   va_end(ap);
 }
 
@@ -77,7 +81,7 @@ void Env::hung(const char *fmt, ...) {
   bump(cnt.hung);
   va_list ap;
   va_start(ap, fmt);
-  vlog(fmt, ap);
+  vlog(kHung, fmt, ap);
   va_end(ap);
 }
 

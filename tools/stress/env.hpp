@@ -49,8 +49,11 @@ struct Env {
   void hung(const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
  private:
-  void vlog(const char *fmt, va_list ap);
-  int log_budget_ = 200;
+  // Each kind of message has its own budget, so that a flood of one kind
+  // cannot hide the first of another.
+  enum LogKind { kInfo, kStatus, kAnomaly, kCorrupted, kLost, kHung, kLogKinds };
+  void vlog(LogKind kind, const char *fmt, va_list ap);
+  int budget_[kLogKinds] = {50, 50, 50, 50, 50, 50};
 };
 
 }  // namespace stress

@@ -11,9 +11,10 @@
 namespace stress {
 namespace {
 
-constexpr int kPlainReceives = 4;              // receives on a QP's own queue
-constexpr uint64_t kTailGraceNs = 1000 * kMs;  // for the last completions to show up
-constexpr int kLookaround = 32;                // how far a gap or a repeat is searched
+constexpr int kPlainReceives = 4;                // receives on a QP's own queue
+constexpr uint64_t kTailGraceNs = 1000 * kMs;    // for the last completions to show up
+constexpr uint64_t kLastWqeWaitNs = 1000 * kMs;  // for IBV_EVENT_QP_LAST_WQE_REACHED
+constexpr int kLookaround = 32;                  // how far a gap or a repeat is searched
 
 std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string format(const char *fmt, ...) {
@@ -182,21 +183,31 @@ void Responder::post_receives() {
 
 bool Responder::step() {
   bool did = qp_ ? poll() : false;
-  if (state_ == State::kDone) return did;
-  if (state_ != State::kFinishing && initiator_moved_on()) {
-    state_ = State::kFinishing;
-    finish_deadline_ns_ = now_ns() + kTailGraceNs;
-  }
-  if (state_ == State::kFinishing) {
-    const Finals &f = conn_.finals[epoch_ % kFinalsRing];
-    uint64_t acked = f.acked.load(std::memory_order_acquire);
-    bool known = (acked >> 32) == epoch_;
-    // Wait (briefly) for completions of messages the initiator saw succeed.
-    if (!known || next_seq_ >= static_cast<uint32_t>(acked) || !qp_ ||
-        now_ns() > finish_deadline_ns_) {
-      finish();
-      return true;
-    }
+  switch (state_) {
+    case State::kActive:
+    case State::kBroken:
+      if (initiator_moved_on()) {
+        state_ = State::kFinishing;
+        deadline_ns_ = now_ns() + kTailGraceNs;
+      }
+      return did;
+    case State::kFinishing:
+      if (tail_arrived() || now_ns() > deadline_ns_) {
+        check_end();
+        release();
+        return true;
+      }
+      return did;
+    case State::kReleasing:
+      if (last_wqe_ || now_ns() > deadline_ns_) {
+        if (!last_wqe_) no_last_wqe();
+        poll();  // what the QP's failure flushed
+        destroy();
+        return true;
+      }
+      return did;
+    case State::kDone:
+      return did;
   }
   return did;
 }
@@ -208,7 +219,16 @@ bool Responder::initiator_moved_on() const {
   return !same || generation_gone(env_.dir, init_slot_, init_gen_);
 }
 
-void Responder::finish() {
+// The completions of messages the initiator saw succeed are here (or the
+// initiator's count is gone, or our QP is).
+bool Responder::tail_arrived() const {
+  uint64_t acked = conn_.finals[epoch_ % kFinalsRing].acked.load(std::memory_order_acquire);
+  return (acked >> 32) != epoch_ || next_seq_ >= static_cast<uint32_t>(acked) || !qp_;
+}
+
+// Nothing acknowledged is missing; after a clean close, the atomic word holds
+// what the initiator's atomics left there.
+void Responder::check_end() {
   const Finals &f = conn_.finals[epoch_ % kFinalsRing];
   bool clean = f.clean.load(std::memory_order_acquire) == epoch_ + 1ull;
   uint64_t acked = f.acked.load(std::memory_order_acquire);
@@ -234,6 +254,36 @@ void Responder::finish() {
     }
     bump(env_.cnt.verified_bytes, 8);
   }
+}
+
+// A QP on an SRQ is taken down as the spec asks: to ERR, then (after
+// IBV_EVENT_QP_LAST_WQE_REACHED) its last completions are polled, then it is
+// destroyed, so that no SRQ WQE is lost with it.
+void Responder::release() {
+  if (!srq_ || !qp_) return destroy();
+  if (!failed_on_purpose_) {
+    env_.doing(Doing::kModifyQp, 1000 + index_);
+    if (int rc = to_error(qp_.get())) {
+      env_.anomaly(Anomaly::kVerbsCall, "responder %d: ibv_modify_qp(ERR): %s", index_,
+                   std::strerror(rc));
+      return destroy();
+    }
+    failed_on_purpose_ = true;
+    errored_ns_ = now_ns();
+  }
+  deadline_ns_ = errored_ns_ + kLastWqeWaitNs;
+  state_ = State::kReleasing;
+}
+
+void Responder::no_last_wqe() {
+  env_.anomaly(Anomaly::kNoLastWqe,
+               "responder %d (from w%d q%d, epoch %u): QP on the SRQ in ERR for %.1f s, no "
+               "IBV_EVENT_QP_LAST_WQE_REACHED",
+               index_, init_slot_, init_q_, epoch_, kLastWqeWaitNs / 1e9);
+  last_wqe_ = true;  // reported once
+}
+
+void Responder::destroy() {
   env_.doing(Doing::kDestroy, 1000 + index_);
   qp_.reset();
   cq_.reset();
@@ -263,6 +313,7 @@ bool Responder::abort(bool destroy) {
       return false;
     }
     failed_on_purpose_ = true;
+    errored_ns_ = now_ns();
     state_ = State::kBroken;
     bump(env_.cnt.target_qp_errored);
   }
@@ -410,8 +461,8 @@ bool Responder::out_of_sequence(const ibv_wc &wc, int slot, const std::string &w
 
 bool Responder::on_qp_event(const ibv_qp *qp, ibv_event_type type) {
   if (!owns(qp)) return false;
-  bool caused = failed_on_purpose_ && (type == IBV_EVENT_QP_LAST_WQE_REACHED);
-  if (caused) {
+  if (type == IBV_EVENT_QP_LAST_WQE_REACHED && srq_ && failed_on_purpose_ && !last_wqe_) {
+    last_wqe_ = true;
     bump(env_.cnt.expected_events[static_cast<int>(Reason::kOwnQpFailed)]);
   } else {
     env_.anomaly(Anomaly::kAsyncEvent, "%s on responder %d (from w%d q%d, epoch %u)",
@@ -421,10 +472,17 @@ bool Responder::on_qp_event(const ibv_qp *qp, ibv_event_type type) {
 }
 
 uint64_t Responder::oldest_wait_ns(char *text, size_t n) const {
-  if (state_ != State::kFinishing) return 0;
-  std::snprintf(text, n, "responder %d: last completions from w%d q%d (epoch %u)", index_,
-                init_slot_, init_q_, epoch_);
-  return finish_deadline_ns_ - kTailGraceNs;
+  if (state_ == State::kFinishing) {
+    std::snprintf(text, n, "responder %d: last completions from w%d q%d (epoch %u)", index_,
+                  init_slot_, init_q_, epoch_);
+    return deadline_ns_ - kTailGraceNs;
+  }
+  if (state_ == State::kReleasing) {
+    std::snprintf(text, n, "responder %d: IBV_EVENT_QP_LAST_WQE_REACHED (from w%d q%d)", index_,
+                  init_slot_, init_q_);
+    return deadline_ns_ - kLastWqeWaitNs;
+  }
+  return 0;
 }
 
 }  // namespace stress

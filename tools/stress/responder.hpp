@@ -68,9 +68,13 @@ class Responder {
   bool on_qp_event(const ibv_qp *qp, ibv_event_type type);
   uint64_t oldest_wait_ns(char *text, size_t n) const;
   int index() const { return index_; }
+  bool uses_srq() const { return srq_ != nullptr; }
 
  private:
-  enum class State { kActive, kBroken, kFinishing, kDone };
+  // kBroken: an error completion, or abort(); kFinishing: the initiator has
+  // moved on, its last messages may still be coming; kReleasing: an SRQ QP in
+  // ERR waits for IBV_EVENT_QP_LAST_WQE_REACHED.
+  enum class State { kActive, kBroken, kFinishing, kReleasing, kDone };
 
   void post_receives();
   bool poll();
@@ -82,7 +86,11 @@ class Responder {
   std::string bytes_differ(int slot, const MessageDesc &d) const;
   bool is_message(const ibv_wc &wc, int slot, uint64_t seq) const;
   bool initiator_moved_on() const;
-  void finish();
+  bool tail_arrived() const;
+  void check_end();
+  void release();
+  void no_last_wqe();
+  void destroy();
 
   Env &env_;
   RecvPool &pool_;
@@ -100,9 +108,11 @@ class Responder {
   State state_ = State::kActive;
   bool failed_on_purpose_ = false;  // moved to ERR by abort()
   bool destroyed_ = false;          // destroyed by abort()
+  bool last_wqe_ = false;           // IBV_EVENT_QP_LAST_WQE_REACHED seen (or reported missing)
   std::vector<int> posted_;         // slots on the QP's own receive queue
   uint64_t next_seq_ = 0;
-  uint64_t finish_deadline_ns_ = 0;
+  uint64_t deadline_ns_ = 0;  // of the state's wait
+  uint64_t errored_ns_ = 0;   // when we moved the QP to ERR
   uint64_t created_ns_ = 0;
 };
 
