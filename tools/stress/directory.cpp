@@ -34,6 +34,7 @@ const char *anomaly_name(Anomaly a) {
       "QP not in ERR after an error completion",
       "success for a WR posted to a dead process",
       "SRQ QP in ERR: no IBV_EVENT_QP_LAST_WQE_REACHED",
+      "receive repost refused below max_wr (ENOMEM)",
   };
   return names[static_cast<int>(a)];
 }

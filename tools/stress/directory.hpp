@@ -55,8 +55,9 @@ enum class Anomaly : uint8_t {
   kNotInError,         // a QP not in ERR after an error completion
   kSuccessToDead,      // success for a WR posted after its target had been reaped
   kNoLastWqe,          // an SRQ QP in ERR raised no IBV_EVENT_QP_LAST_WQE_REACHED
+  kRepostRefused,      // a receive repost refused (ENOMEM) with fewer than max_wr outstanding
 };
-inline constexpr int kAnomalyCount = 11;
+inline constexpr int kAnomalyCount = 12;
 const char *anomaly_name(Anomaly a);
 
 using Counter = std::atomic<uint64_t>;

@@ -141,10 +141,10 @@ void print_unexpected(const Totals &t) {
   std::printf("unexpected errors: %" PRIu64 "\n", t.unexpected());
   for (int i = 0; i < kStatusSlots; ++i)
     if (t.unexpected_status[i])
-      std::printf("  %-40s %8" PRIu64 "\n", wc_status_enum(i), t.unexpected_status[i]);
+      std::printf("  %-50s %8" PRIu64 "\n", wc_status_enum(i), t.unexpected_status[i]);
   for (int i = 0; i < kAnomalyCount; ++i)
     if (t.anomalies[i])
-      std::printf("  %-40s %8" PRIu64 "\n", anomaly_name(static_cast<Anomaly>(i)), t.anomalies[i]);
+      std::printf("  %-50s %8" PRIu64 "\n", anomaly_name(static_cast<Anomaly>(i)), t.anomalies[i]);
 }
 
 }  // namespace

@@ -347,7 +347,7 @@ void Responder::on_receive(const ibv_wc &wc) {
   if (srq_) {
     env_.doing(Doing::kPostRecv, 1000 + index_);
     if (int rc = pool_.post(env_.rng, slot, nullptr, srq_)) {
-      env_.anomaly(Anomaly::kVerbsCall,
+      env_.anomaly(Anomaly::kRepostRefused,
                    "responder %d: ibv_post_srq_recv after polling a receive completion: %s "
                    "(fewer than max_wr WQEs are outstanding)",
                    index_, std::strerror(rc));

@@ -58,7 +58,7 @@ int UdEndpoint::post_receive(int slot) {
 void UdEndpoint::repost(int slot) {
   int rc = post_receive(slot);
   if (rc == 0) return;
-  env_.anomaly(Anomaly::kVerbsCall,
+  env_.anomaly(Anomaly::kRepostRefused,
                "UD ibv_post_recv after polling a receive completion: %s (%zu of %d receives "
                "waiting to be posted again)",
                std::strerror(rc), deferred_.size() + 1, kReceives);
