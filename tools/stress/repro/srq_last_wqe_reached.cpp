@@ -1,0 +1,67 @@
+// Repro: a QP attached to an SRQ that enters the ERR state must raise
+// IBV_EVENT_QP_LAST_WQE_REACHED (the IBA affiliated event "Last WQE Reached"; mlx5
+// and rxe raise it), which
+// applications wait for before destroying such a QP.
+// Build: cmake --build --preset default --target stress_repro_srq_last_wqe_reached
+// Run:   build/bin/stress_repro_srq_last_wqe_reached   (PASS or FAIL)
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#define CHECK(x)                                      \
+  do {                                                \
+    if (!(x)) {                                       \
+      printf("FAILED: %s (line %d)\n", #x, __LINE__); \
+      exit(2);                                        \
+    }                                                 \
+  } while (0)
+int main() {
+  setenv("PCIENTB_FABRIC", ("repro-last-wqe-" + std::to_string(getpid())).c_str(), 1);
+  ibv_device **l = ibv_get_device_list(nullptr);
+  CHECK(l && l[0]);
+  ibv_context *ctx = ibv_open_device(l[0]);
+  CHECK(ctx);
+  ibv_pd *pd = ibv_alloc_pd(ctx);
+  ibv_port_attr port;
+  ibv_query_port(ctx, 1, &port);
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 4;
+  sa.attr.max_sge = 1;
+  ibv_srq *srq = ibv_create_srq(pd, &sa);
+  CHECK(srq);
+  ibv_cq *cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  ibv_qp_init_attr ra{};
+  ra.send_cq = ra.recv_cq = cq;
+  ra.srq = srq;
+  ra.qp_type = IBV_QPT_RC;
+  ra.cap = {1, 0, 1, 1, 0};
+  ibv_qp *qp = ibv_create_qp(pd, &ra);
+  CHECK(qp);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  CHECK(
+      !ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+  a = {};
+  a.qp_state = IBV_QPS_ERR;
+  CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE));
+  for (;;) {
+    pollfd p{ctx->async_fd, POLLIN, 0};
+    if (poll(&p, 1, 2000) <= 0) {
+      printf("no IBV_EVENT_QP_LAST_WQE_REACHED within 2 s of moving an SRQ QP to ERR\nFAIL\n");
+      return 1;
+    }
+    ibv_async_event ev;
+    CHECK(ibv_get_async_event(ctx, &ev) == 0);
+    ibv_event_type t = ev.event_type;
+    bool ours = t == IBV_EVENT_QP_LAST_WQE_REACHED && ev.element.qp == qp;
+    ibv_ack_async_event(&ev);
+    printf("event: %s\n", ibv_event_type_str(t));
+    if (ours) {
+      printf("PASS\n");
+      return 0;
+    }
+  }
+}

@@ -1,0 +1,120 @@
+// Repro: ibv_post_srq_recv fails with ENOMEM although fewer than max_wr WQEs
+// are outstanding, when SRQ completions are polled out of order (two QPs on
+// one SRQ, each with its own CQ, small eager SENDs).
+// Build: cmake --build --preset default --target stress_repro_srq_out_of_order_repost
+// Run:   build/bin/stress_repro_srq_out_of_order_repost   (prints PASS or FAIL; exit 0 / 1)
+#include <infiniband/verbs.h>
+#include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#define CHECK(x)                                      \
+  do {                                                \
+    if (!(x)) {                                       \
+      printf("FAILED: %s (line %d)\n", #x, __LINE__); \
+      exit(2);                                        \
+    }                                                 \
+  } while (0)
+static void connect(ibv_qp *qp, uint16_t lid, uint32_t dqpn) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = 0;
+  CHECK(
+      !ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dqpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.ah_attr.dlid = lid;
+  a.ah_attr.port_num = 1;
+  CHECK(!ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 10;
+  a.retry_cnt = 3;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  CHECK(!ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
+}
+int main() {
+  setenv("PCIENTB_FABRIC", ("repro-srq-order-" + std::to_string(getpid())).c_str(), 1);
+  ibv_device **l = ibv_get_device_list(nullptr);
+  CHECK(l && l[0]);
+  ibv_context *ctx = ibv_open_device(l[0]);
+  CHECK(ctx);
+  ibv_pd *pd = ibv_alloc_pd(ctx);
+  ibv_port_attr port;
+  ibv_query_port(ctx, 1, &port);
+  static char buf[4096];
+  ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 2;
+  sa.attr.max_sge = 1;
+  ibv_srq *srq = ibv_create_srq(pd, &sa);
+  CHECK(srq);
+  ibv_cq *rcq[2], *scq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  ibv_qp *r[2], *s[2];
+  for (int i = 0; i < 2; ++i) {
+    rcq[i] = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+    ibv_qp_init_attr ra{};
+    ra.send_cq = ra.recv_cq = rcq[i];
+    ra.srq = srq;
+    ra.qp_type = IBV_QPT_RC;
+    ra.cap = {1, 0, 1, 1, 0};
+    r[i] = ibv_create_qp(pd, &ra);
+    CHECK(r[i]);
+    ibv_qp_init_attr qa{};
+    qa.send_cq = qa.recv_cq = scq;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap = {4, 1, 1, 1, 0};
+    s[i] = ibv_create_qp(pd, &qa);
+    CHECK(s[i]);
+    connect(r[i], port.lid, s[i]->qp_num);
+    connect(s[i], port.lid, r[i]->qp_num);
+  }
+  auto post_srq = [&](uint64_t id) {
+    ibv_sge sge{(uintptr_t)(buf + 64 * id), 64, mr->lkey};
+    ibv_recv_wr wr{}, *bad;
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    return ibv_post_srq_recv(srq, &wr, &bad);
+  };
+  CHECK(post_srq(0) == 0);
+  CHECK(post_srq(1) == 0);       // max_wr = 2 WQEs outstanding
+  for (int i = 0; i < 2; ++i) {  // one 8-byte SEND per QP
+    ibv_sge sge{(uintptr_t)(buf + 2048), 8, mr->lkey};
+    ibv_send_wr wr{}, *bad;
+    wr.opcode = IBV_WR_SEND;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    CHECK(ibv_post_send(s[i], &wr, &bad) == 0);
+    ibv_wc wc;
+    while (ibv_poll_cq(scq, 1, &wc) == 0) {
+    }
+    CHECK(wc.status == IBV_WC_SUCCESS);
+  }
+  ibv_wc wc;
+  int n;
+  while ((n = ibv_poll_cq(rcq[1], 1, &wc)) == 0) {
+  }  // the second QP's receive first
+  CHECK(n == 1 && wc.status == IBV_WC_SUCCESS);
+  printf("polled the receive of QP 2 (wr_id %lu); 1 of max_wr 2 WQEs outstanding\n",
+         (unsigned long)wc.wr_id);
+  int rc = post_srq(wc.wr_id);
+  printf("ibv_post_srq_recv: %s\n", rc ? strerror(rc) : "ok");
+  while ((n = ibv_poll_cq(rcq[0], 1, &wc)) == 0) {
+  }
+  rc == 0 ? printf("PASS\n") : printf("FAIL: expected success (1 WQE outstanding, max_wr 2)\n");
+  return rc != 0;
+}
