@@ -309,6 +309,7 @@ struct Qp {
   std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
   uint64_t sq_posted = 0;       // WRs posted since RESET
   bool drain_notify = false;
+  bool errored = false;  // entered ERR since RESET (its events raised), with sq_mu
   Counters counters;  // what this QP sent, with sq_mu
 
   ibv_qp_state state() const { return static_cast<ibv_qp_state>(sh->state.load()); }

@@ -244,6 +244,10 @@ struct RqShared {
   // Per class: 1 + the position of the last WQE posted that lacks the room
   // (or has an invalid lkey). Written before the tail that publishes it.
   alignas(64) std::atomic<uint64_t> unfit_below[kEagerClasses];
+  // WQEs consumed so far (taken by a message and done with, flushed or given
+  // back), in any order: an SRQ's receives are released in the order their
+  // completions are polled, not in the order they were posted.
+  alignas(64) std::atomic<uint64_t> released;
   RingHeader ring;  // slots follow
 };
 

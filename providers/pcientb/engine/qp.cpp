@@ -225,6 +225,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
       qp->sq_posted = 0;
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
+      qp->errored = false;
       qp->peer = nullptr;
       qp->attr = ibv_qp_attr{};
       return 0;

@@ -345,6 +345,8 @@ void enter_error_locked(Qp *qp) {
   }
   Node &node = *qp->ctx->node;
   rq_flush(node.fab(), node.self(), qp->sh);
+  if (!qp->errored) last_wqe_reached(node.fab(), node.self(), qp->sh);
+  qp->errored = true;
 }
 
 // Applies one attempt's result to w (not in the backlog, or its front).

@@ -49,8 +49,18 @@ Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd) {
 }
 
 void rq_reset(RqShared *rq) {
-  ring_reinit_at(&rq->ring, rq->ring.tail.load(std::memory_order_relaxed));
+  uint64_t base = rq->ring.tail.load(std::memory_order_relaxed);
+  ring_reinit_at(&rq->ring, base);
+  rq->released.store(base, std::memory_order_release);
 }
+
+namespace {
+// Gives a consumed WQE's slot back and counts it.
+void rq_release(RqShared *rq, RingSlot *s, uint64_t pos) {
+  ring_release(&rq->ring, s, pos);
+  rq->released.fetch_add(1, std::memory_order_acq_rel);
+}
+}  // namespace
 
 int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr,
             ibv_recv_wr **bad) {
@@ -60,15 +70,11 @@ int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr
       *bad = const_cast<ibv_recv_wr *>(wr);
       return EINVAL;
     }
-    // Full when the WQE max_wr places back is not consumed yet. That slot's
-    // line was last written long ago; the head, which senders write on every
-    // message, is never read here.
+    // Full when max_wr WQEs are posted and not consumed; the slot at the
+    // tail must be free too (the ring is at least max_wr + 1 slots, but a
+    // WQE held for long, its completion unpolled, can still be in the way).
     uint64_t pos = r->tail.load(std::memory_order_relaxed);
-    bool vacant = pos < max_wr;
-    if (!vacant) {
-      uint64_t back = pos - max_wr;
-      vacant = ring_seq(r, ring_slot(r, back), back) == back + r->mask + 1;
-    }
+    bool vacant = pos - rq->released.load(std::memory_order_acquire) < max_wr;
     RingSlot *s = ring_slot(r, pos);
     if (!vacant || ring_seq(r, s, pos) != pos) {
       *bad = const_cast<ibv_recv_wr *>(wr);
@@ -112,14 +118,14 @@ bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *o
   out->wr_id = w->wr_id;
   out->num_sge = std::min(w->num_sge, kMaxSge);
   memcpy(out->sge, w->sge, sizeof(ibv_sge) * out->num_sge);
-  ring_release(&rq->ring, s, pos);
+  rq_release(rq, s, pos);
   check_limit(fab, owner, rq);
   return true;
 }
 
 void rq_give_back(RqShared *rq, uint64_t pos) {
   RingSlot *s = ring_slot(&rq->ring, pos);
-  if (ring_seq(&rq->ring, s, pos) == pos + 1) ring_release(&rq->ring, s, pos);
+  if (ring_seq(&rq->ring, s, pos) == pos + 1) rq_release(rq, s, pos);
 }
 
 Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, RqShared *rq,
@@ -210,6 +216,13 @@ void qp_overran(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp) {
   if (s == IBV_QPS_ERR || s == IBV_QPS_RESET) return;  // failed already: one event
   AsyncRecord rec{qp->handle, IBV_EVENT_QP_FATAL, 0};
   ring_doorbell(fab, owner, qp->async, &rec, sizeof rec);
+  last_wqe_reached(fab, owner, qp);
+}
+
+void last_wqe_reached(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp) {
+  if (!qp->srq) return;
+  AsyncRecord rec{qp->handle, IBV_EVENT_QP_LAST_WQE_REACHED, 0};
+  ring_doorbell(fab, owner, qp->async, &rec, sizeof rec);
 }
 
 void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
@@ -219,6 +232,7 @@ void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
   }
   if (s == IBV_QPS_RESET) return;
   rq_flush(fab, peer, target);
+  if (s != IBV_QPS_ERR) last_wqe_reached(fab, peer, target);
 }
 
 void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc) {
@@ -270,7 +284,7 @@ bool deliver_eager(Node &node, const EagerRecv &e, Off srq, ibv_wc *wc) {
       done += k;
     }
   }
-  ring_release(&rq->ring, s, e.rq_pos);
+  rq_release(rq, s, e.rq_pos);
   if (wc->status != IBV_WC_SUCCESS) {
     // Only a receive whose memory went away since it was posted: the
     // sender, told otherwise, has completed already.

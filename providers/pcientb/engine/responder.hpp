@@ -99,6 +99,10 @@ inline bool complete_to(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, 
 void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc);
 // The second half of that: the target QP to ERR, its receive queue flushed.
 void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target);
+// A QP that takes its receives from an SRQ has just entered ERR: no more are
+// consumed for it, and its owner learns so (IBV_EVENT_QP_LAST_WQE_REACHED:
+// applications wait for it before destroying the QP).
+void last_wqe_reached(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp);
 
 // At the receiver's poll: the completion of an eager entry of this node,
 // with its WQE consumed and its bytes placed. False when the entry is void
