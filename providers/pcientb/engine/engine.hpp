@@ -310,7 +310,7 @@ struct Qp {
   uint64_t sq_posted = 0;       // WRs posted since RESET
   bool drain_notify = false;
   bool errored = false;  // entered ERR since RESET (its events raised), with sq_mu
-  Counters counters;  // what this QP sent, with sq_mu
+  Counters counters;     // what this QP sent, with sq_mu
 
   ibv_qp_state state() const { return static_cast<ibv_qp_state>(sh->state.load()); }
 };
