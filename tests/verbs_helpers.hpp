@@ -219,6 +219,14 @@ struct Footprint {
   long rss_kib;
 };
 Footprint footprint();
+// Under a sanitizer, mappings and resident memory are its allocator's (ASan
+// keeps freed memory in quarantine, and maps more as it goes): only the
+// descriptors compare; its own leak check covers memory.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitizerOwnsMemory = true;
+#else
+inline constexpr bool kSanitizerOwnsMemory = false;
+#endif
 
 // ---- one side of a connection -------------------------------------------------
 

@@ -249,7 +249,8 @@ def launcher_cli():
             (("-n", "2", "prog", "a"), {},
              ["mpirun.openmpi -np 2 --mca pml ucx --mca pml_ucx_devices any --mca osc ucx",
               "-x UCX_NET_DEVICES=pcientb0:1 -x UCX_TLS=rc_v",
-              f"-x PCIENTB_FABRIC=f1 {run_path} --fabric f1 -- prog a"]),
+              # (sanitizer options, when set, are passed on in between)
+              "-x PCIENTB_FABRIC=f1 ", f"{run_path} --fabric f1 -- prog a"]),
             (("--mpi", "mpich", "--tls", "ud", "-n", "3", "prog"), {"PCIENTB_STATS": "/x"},
              ["mpiexec.mpich -n 3 -genv UCX_NET_DEVICES pcientb0:1 -genv UCX_TLS ud_v",
               "-genv PCIENTB_FABRIC f1", "-genv PCIENTB_STATS /x",

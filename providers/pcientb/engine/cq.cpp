@@ -157,7 +157,7 @@ Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex
   cq->sh->channel = channel ? Doorbell{channel->wfd, 0, channel->ino} : Doorbell{-1, 0, 0};
   cq->sh->async = ctx->async_doorbell();
   cq->sh->handle = reinterpret_cast<uint64_t>(&cq->ibv);
-  cq->ibv.cqe = static_cast<int>(capacity);  // what it holds: at least cqe
+  cq->ibv.cqe = cqe;  // it holds more (capacity); applications size their work by this
   init_cq_ex(cq);
   node.add_cq(cq);
   ctx->users++;
@@ -192,7 +192,10 @@ int resize_cq(Cq *cq, int cqe) {
   if (cqe < 1 || static_cast<uint32_t>(cqe) >= kMaxCqe) return EINVAL;
   std::lock_guard<SpinLock> g(cq->poll_mu);
   if (ring_count(&cq->sh->ring) > static_cast<uint64_t>(cqe)) return EINVAL;
-  if (static_cast<uint32_t>(cqe) < cq->capacity) return 0;  // it holds that many already
+  if (static_cast<uint32_t>(cqe) < cq->capacity) {
+    cq->ibv.cqe = cqe;
+    return 0;
+  }
   // A larger ring moves the CQ; peers find it through the QPs that use it,
   // so that is only possible while none does.
   if (cq->users.load()) return ENOMEM;
@@ -218,7 +221,7 @@ int resize_cq(Cq *cq, int cqe) {
   cq->off = off;
   cq->sh = sh;
   cq->capacity = capacity;
-  cq->ibv.cqe = static_cast<int>(capacity);
+  cq->ibv.cqe = cqe;
   return 0;
 }
 
