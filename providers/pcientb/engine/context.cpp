@@ -18,6 +18,7 @@
 #include <string>
 
 #include "engine/engine.hpp"
+#include "engine/responder.hpp"
 
 namespace pcientb::engine {
 
@@ -300,14 +301,14 @@ void Node::remove_cq(Cq *cq) {
   cqs_.erase(cq);
 }
 
-void Node::add_srq(Off off) {
+void Node::add_srq(Srq *srq) {
   std::lock_guard<std::mutex> g(mu_);
-  srqs_.insert(off);
+  srqs_[srq->off] = srq;
 }
 
-void Node::remove_srq(Off off) {
+void Node::remove_srq(Srq *srq) {
   std::lock_guard<std::mutex> g(mu_);
-  srqs_.erase(off);
+  srqs_.erase(srq->off);
 }
 
 bool Node::srq_alive(Off off) {
@@ -367,6 +368,26 @@ void Node::watch(fabric::Peer *peer) {
 // once (RETRY_EXC_ERR); an idle QP and its posted receives stay as they are.
 void Node::on_peer_death(fabric::Peer *peer) {
   peer->mark_dead();
+  reclaim_from(peer->nonce());
+}
+
+// What a dead peer held of this node's queues while it sent to them comes
+// back: CQ slots it claimed and receives it reserved in SRQs. (A QP's own
+// receive queue goes with the QP connected to the dead peer.)
+//
+// Every CQ's poll lock is held throughout: an entry the dead peer published
+// before it could clear its reservation is either delivered before (the
+// receive is consumed, nothing to reclaim) or finds it reclaimed (and is
+// dropped), never both.
+void Node::reclaim_from(uint64_t nonce) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (Cq *cq : cqs_) cq->poll_mu.lock();
+  for (Cq *cq : cqs_) cq_reclaim(cq, nonce);
+  for (auto &[off, srq] : srqs_) {
+    std::lock_guard<SpinLock> s(srq->mu);
+    rq_reclaim(root_, srq->sh, srq->max_wr, nonce);
+  }
+  for (Cq *cq : cqs_) cq->poll_mu.unlock();
 }
 
 void Node::progress_loop() {

@@ -257,6 +257,17 @@ CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64
   return nullptr;
 }
 
+void cq_reclaim(Cq *cq, uint64_t nonce) {
+  RingHeader *r = &cq->sh->ring;
+  const uint64_t tail = r->tail.load(std::memory_order_acquire);
+  for (uint64_t pos = r->head.load(std::memory_order_acquire); pos < tail; ++pos) {
+    RingSlot *s = ring_slot(r, pos);
+    const CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
+    if (ring_seq(r, s, pos) != pos + 1 && e.sq_ticket == CqEntry::kClaimed && e.wc.wr_id == nonce)
+      cq_void(cq->sh, pos);
+  }
+}
+
 void cq_void(CqShared *cq, uint64_t pos) {
   RingSlot *s = ring_slot(&cq->ring, pos);
   reinterpret_cast<CqSlot *>(s)->e.sq_ticket = CqEntry::kDiscarded;

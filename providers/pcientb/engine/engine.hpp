@@ -38,6 +38,7 @@ namespace pcientb::engine {
 struct Context;
 struct Qp;
 struct Cq;
+struct Srq;
 uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // This process on one fabric: shared by every context opened on it.
@@ -90,8 +91,8 @@ class Node {
   void remove_cq(Cq *cq);
   // The SRQs of this node by the offset of their ring: an eager entry names
   // the SRQ its WQE came from, which may be gone by the time it is polled.
-  void add_srq(Off off);
-  void remove_srq(Off off);
+  void add_srq(Srq *srq);
+  void remove_srq(Srq *srq);
   bool srq_alive(Off off);
   // What this node's QPs and CQs, live and gone, have moved.
   void traffic(Counters *sum);
@@ -113,6 +114,7 @@ class Node {
   uint64_t run_pending_locked();  // with prog_mu_; the next deadline, or 0
   void wake();
   void on_peer_death(fabric::Peer *peer);
+  void reclaim_from(uint64_t nonce);
   static void report_all_at_exit();
   static void before_fork();
   static void after_fork_in_parent();
@@ -136,7 +138,7 @@ class Node {
   Qp *qps_[kMaxQps] = {};
   std::atomic<uint64_t> sq_retired_[kMaxQps] = {};
   std::set<Cq *> cqs_;
-  std::set<Off> srqs_;
+  std::map<Off, Srq *> srqs_;
   Counters gone_;  // of destroyed QPs and CQs
   std::string stats_to_;
   bool reported_ = false;
@@ -364,6 +366,9 @@ void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t 
                bool solicited);
 // Publishes a claimed entry as void: polling skips it.
 void cq_void(CqShared *cq, uint64_t pos);
+// The node with this nonce died: slots of cq it claimed and never published
+// are published void, so that polling moves past them. With cq's poll_mu.
+void cq_reclaim(Cq *cq, uint64_t nonce);
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len);
 void init_cq_ex(Cq *cq);

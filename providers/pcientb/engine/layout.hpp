@@ -193,6 +193,9 @@ struct CqEntry {
   uint32_t qp_num() const { return (sq_ticket & kEager) ? eager.qp_num : wc.qp_num; }
   static constexpr uint64_t kDiscarded = uint64_t{1} << 63;
   static constexpr uint64_t kEager = uint64_t{1} << 62;
+  // A claimed entry not published yet, by the node whose nonce is in wc.wr_id:
+  // if that node dies, the owner publishes the entry void.
+  static constexpr uint64_t kClaimed = uint64_t{1} << 61;
   static constexpr uint64_t kEagerSrqMask = (uint64_t{1} << 48) - 1;
 };
 struct CqSlot {
@@ -217,6 +220,9 @@ struct RecvWqe {
   uint64_t wr_id;
   uint32_t num_sge;
   uint32_t pad;
+  // The node (its nonce) that reserved the WQE for an eager message, until its
+  // CQ entry is out: if that node dies in between, the owner posts it again.
+  std::atomic<uint64_t> reserver;
   ibv_sge sge[];  // max_sge of them
 };
 inline uint32_t recv_slot_size(uint32_t max_sge) {

@@ -102,6 +102,8 @@ bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, u
                     const SendWqe &w, uint64_t pos, const Gather &src, uint64_t len) {
   auto *cq = at<CqShared>(peer.area(), target->rcq);
   Off srq = target->srq;
+  auto *rq = at<RqShared>(peer.area(), srq ? srq : target->rq);
+  auto *wqe = reinterpret_cast<RecvWqe *>(ring_slot(&rq->ring, pos));
   bool arrived = complete_with(
       fab, peer, target, cq, w.flags & IBV_SEND_SOLICITED,
       [&](CqEntry &e) {
@@ -126,6 +128,8 @@ bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, u
         e.sq_ticket = CqEntry::kEager | (srq & CqEntry::kEagerSrqMask);
       },
       qpn);
+  // The entry is out (or void): the reservation is no longer ours to lose.
+  wqe->reserver.store(0, std::memory_order_release);
   if (!arrived && srq) rq_give_back(at<RqShared>(peer.area(), srq), pos);
   return arrived;
 }
@@ -254,11 +258,6 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
       // A zero-length write touches no memory and needs no valid rkey.
       if (len && !remote_ok(IBV_ACCESS_REMOTE_WRITE, len)) return done(IBV_WC_REM_ACCESS_ERR);
-      auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
-      uint64_t pos = 0;
-      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM &&
-          (!rq || rq_reserve(fab, *peer, t, rq, &qp->peer_rq, -1, &pos) != Reserve::ok))
-        return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
       uint64_t off = 0;
       for (uint32_t i = 0; i < src.n; ++i) {
         auto s =
@@ -267,6 +266,12 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         off += src.len[i];
       }
       if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return landed(fab, *peer, len);
+      // The receive is taken once the data is in place (nothing holds it if
+      // the write fails); an RNR retry writes the data again.
+      auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
+      uint64_t pos = 0;
+      if (!rq || rq_reserve(fab, *peer, t, rq, &qp->peer_rq, -1, &pos) != Reserve::ok)
+        return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
       if (!complete_eager(fab, *peer, t, dqpn, w, pos, src, len)) return done(IBV_WC_RETRY_EXC_ERR);
       return landed(fab, *peer, len);
     }

@@ -30,6 +30,10 @@ int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr
 // Frees the WQE at pos, taken by an eager message that will not be delivered
 // (its QP was reset or destroyed); the owner's side.
 void rq_give_back(RqShared *rq, uint64_t pos);
+// The node with this nonce died: each receive it reserved for a small message
+// and never announced is posted again (wr_id and buffers kept) and its slot
+// released. With the owner's posting lock.
+void rq_reclaim(AreaRoot *root, RqShared *rq, uint32_t max_wr, uint64_t nonce);
 // Takes the next receive WQE of a (possibly remote) queue; raises the SRQ
 // limit event of its owner when that is due.
 bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out);
@@ -73,6 +77,10 @@ bool complete_with(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqSha
   if (!e) {
     qp_overran(fab, owner, qp);
     return true;
+  }
+  if (owner.lid() != fab.lid()) {  // a peer's CQ: say who holds the slot
+    e->wc.wr_id = fab.nonce();
+    e->sq_ticket = CqEntry::kClaimed;
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with Node::retire_qp
   if (qpn && qp->qpn.load(std::memory_order_relaxed) != qpn) {

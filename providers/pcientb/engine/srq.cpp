@@ -42,7 +42,7 @@ Srq *create_srq(Pd *pd, ibv_srq_init_attr *a, int *err) {
   srq->sh->async = pd->ctx->async_doorbell();
   srq->sh->handle = reinterpret_cast<uint64_t>(&srq->ibv);
   srq->sh->limit.store(s.srq_limit);
-  node.add_srq(off);
+  node.add_srq(srq);
   pd->users++;
   return srq;
 }
@@ -72,7 +72,7 @@ int query_srq(Srq *srq, ibv_srq_attr *a) {
 
 int destroy_srq(Srq *srq) {
   if (srq->users.load()) return EBUSY;
-  srq->ctx->node->remove_srq(srq->off);
+  srq->ctx->node->remove_srq(srq);
   srq->ctx->node->give_quota(Quota::srq);
   srq->ctx->node->free(srq->off);
   srq->pd->users--;

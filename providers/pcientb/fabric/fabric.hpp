@@ -51,6 +51,8 @@ class Fabric {
   virtual ~Fabric() = default;
 
   virtual uint16_t lid() const = 0;
+  // This node's incarnation, as its peers know it (Peer::nonce).
+  virtual uint64_t nonce() const = 0;
   virtual uint64_t node_guid() const = 0;
   virtual const char *name() const = 0;
 

@@ -387,6 +387,7 @@ class EmuFabric final : public Fabric {
   int join(const char *name);
 
   uint16_t lid() const override { return lid_; }
+  uint64_t nonce() const override { return nonce_; }
   uint64_t node_guid() const override { return emu_node_guid(); }
   const char *name() const override { return name_.c_str(); }
   void *area() override { return reinterpret_cast<uint8_t *>(hdr_) + kHeaderSize; }
