@@ -368,7 +368,7 @@ void Node::watch(fabric::Peer *peer) {
 // once (RETRY_EXC_ERR); an idle QP and its posted receives stay as they are.
 void Node::on_peer_death(fabric::Peer *peer) {
   peer->mark_dead();
-  reclaim_from(peer->nonce());
+  reclaim_from(peer);
 }
 
 // What a dead peer held of this node's queues while it sent to them comes
@@ -379,13 +379,19 @@ void Node::on_peer_death(fabric::Peer *peer) {
 // before it could clear its reservation is either delivered before (the
 // receive is consumed, nothing to reclaim) or finds it reclaimed (and is
 // dropped), never both.
-void Node::reclaim_from(uint64_t nonce) {
+void Node::reclaim_from(fabric::Peer *peer) {
+  const uint64_t me = fab_->nonce();
+  auto *theirs = static_cast<AreaRoot *>(peer->area());  // stays mapped
   std::lock_guard<std::mutex> g(mu_);
   for (Cq *cq : cqs_) cq->poll_mu.lock();
-  for (Cq *cq : cqs_) cq_reclaim(cq, nonce);
-  for (auto &[off, srq] : srqs_) {
-    std::lock_guard<SpinLock> s(srq->mu);
-    rq_reclaim(root_, srq->sh, srq->max_wr, nonce);
+  for (Cq *cq : cqs_) cq_reclaim(cq, peer->nonce());
+  for (const QpShared &sender : theirs->qps) {
+    const QpShared::Holding &h = sender.holding;
+    if (h.target.load(std::memory_order_acquire) != me) continue;
+    auto it = srqs_.find(h.rq);
+    if (it == srqs_.end()) continue;  // a QP's own queue goes with that QP
+    std::lock_guard<SpinLock> s(it->second->mu);
+    rq_reclaim(root_, it->second->sh, it->second->max_wr, h.pos);
   }
   for (Cq *cq : cqs_) cq->poll_mu.unlock();
 }

@@ -114,7 +114,7 @@ class Node {
   uint64_t run_pending_locked();  // with prog_mu_; the next deadline, or 0
   void wake();
   void on_peer_death(fabric::Peer *peer);
-  void reclaim_from(uint64_t nonce);
+  void reclaim_from(fabric::Peer *peer);
   static void report_all_at_exit();
   static void before_fork();
   static void after_fork_in_parent();

@@ -128,7 +128,11 @@ inline RingSlot *mpsc_reserve(RingHeader *r, uint64_t *pos_out) {
       r->head_seen.store(head, std::memory_order_release);
       if (pos - head >= capacity) return nullptr;
     }
-    if (r->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
+    // seq_cst: ordered with a QP's destroy (complete_with); on x86 the same
+    // instruction as a relaxed one.
+    if (r->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_seq_cst,
+                                      std::memory_order_relaxed))
+      break;
   }
   *pos_out = pos;
   return ring_slot(r, pos);
@@ -220,9 +224,6 @@ struct RecvWqe {
   uint64_t wr_id;
   uint32_t num_sge;
   uint32_t pad;
-  // The node (its nonce) that reserved the WQE for an eager message, until its
-  // CQ entry is out: if that node dies in between, the owner posts it again.
-  std::atomic<uint64_t> reserver;
   ibv_sge sge[];  // max_sge of them
 };
 inline uint32_t recv_slot_size(uint32_t max_sge) {
@@ -296,6 +297,15 @@ struct QpShared {
   Off rcq;  // CqShared of the receive CQ
   Doorbell async;
   uint64_t handle;  // the owner's struct ibv_qp *
+  // What this QP, as a sender, holds of a peer's receive queue: a WQE it
+  // reserved for an eager message and has not announced yet. Written only
+  // by this node, in a line of its own; read by the peer if this node dies,
+  // to post that receive again.
+  struct alignas(64) Holding {
+    std::atomic<uint64_t> target;  // the peer's nonce; 0: nothing held
+    Off rq;
+    uint64_t pos;
+  } holding;
 };
 
 // The root of a node's area: fixed tables, then allocations.

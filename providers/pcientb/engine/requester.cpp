@@ -50,7 +50,7 @@ Result done(ibv_wc_status s, uint32_t len = 0) {
 // Success once the bytes are placed, if the peer was alive when they landed:
 // data that went to a dying node is not delivered.
 Result landed(fabric::Fabric &fab, fabric::Peer &peer, uint64_t len) {
-  if (!fab.check_alive(peer)) return done(IBV_WC_RETRY_EXC_ERR);
+  if (!peer.live()) return done(IBV_WC_RETRY_EXC_ERR);
   return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
 }
 
@@ -95,11 +95,21 @@ ibv_wc recv_wc(Qp *qp, const SendWqe &w, QpShared *target, uint64_t wr_id, uint3
   return wc;
 }
 
+// Notes in the sender's own memory the receive it just reserved at a peer,
+// until its entry is out: if this node dies in between, the peer posts that
+// receive again (Node::reclaim_from).
+void hold(Qp *qp, fabric::Peer &peer, const QpShared *target, uint64_t pos) {
+  QpShared::Holding &h = qp->sh->holding;
+  h.rq = target->srq ? target->srq : target->rq;
+  h.pos = pos;
+  h.target.store(peer.nonce(), std::memory_order_release);
+}
+
 // Completes an eager SEND (its bytes inside) or a WRITE with immediate at
 // the target QP qpn, for the receive WQE reserved at pos. False when the QP
 // was destroyed meanwhile: a WQE reserved from an SRQ goes back.
-bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, uint32_t qpn,
-                    const SendWqe &w, uint64_t pos, const Gather &src, uint64_t len) {
+bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *holder, QpShared *target,
+                    uint32_t qpn, const SendWqe &w, uint64_t pos, const Gather &src, uint64_t len) {
   auto *cq = at<CqShared>(peer.area(), target->rcq);
   Off srq = target->srq;
   auto *rq = at<RqShared>(peer.area(), srq ? srq : target->rq);
@@ -128,8 +138,7 @@ bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, u
         e.sq_ticket = CqEntry::kEager | (srq & CqEntry::kEagerSrqMask);
       },
       qpn);
-  // The entry is out (or void): the reservation is no longer ours to lose.
-  wqe->reserver.store(0, std::memory_order_release);
+  holder->holding.target.store(0, std::memory_order_release);  // announced (or void)
   if (!arrived && srq) rq_give_back(at<RqShared>(peer.area(), srq), pos);
   return arrived;
 }
@@ -159,7 +168,7 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     ah->peer.store(peer, std::memory_order_release);
   }
   // Unreliable datagrams to nobody, or to a QP that is not there, are lost.
-  if (!peer || !fab.check_alive(*peer)) return done(IBV_WC_SUCCESS);
+  if (!peer || !peer->live()) return done(IBV_WC_SUCCESS);
   QpShared *t = &static_cast<AreaRoot *>(peer->area())->qps[w.remote_qpn & (kMaxQps - 1)];
   uint32_t st = t->state.load(std::memory_order_acquire);
   uint32_t qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
@@ -207,7 +216,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     qp->peer_nonce = peer->nonce();
     qp->ctx->node->watch(peer);
   }
-  if (!fab.check_alive(*peer)) return done(IBV_WC_RETRY_EXC_ERR);
+  if (!peer->live()) return done(IBV_WC_RETRY_EXC_ERR);
   auto *root = static_cast<AreaRoot *>(peer->area());
   uint32_t dqpn = qp->attr.dest_qp_num;
   QpShared *t = &root->qps[dqpn & (kMaxQps - 1)];
@@ -272,7 +281,9 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       uint64_t pos = 0;
       if (!rq || rq_reserve(fab, *peer, t, rq, &qp->peer_rq, -1, &pos) != Reserve::ok)
         return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
-      if (!complete_eager(fab, *peer, t, dqpn, w, pos, src, len)) return done(IBV_WC_RETRY_EXC_ERR);
+      hold(qp, *peer, t, pos);
+      if (!complete_eager(fab, *peer, qp->sh, t, dqpn, w, pos, src, len))
+        return done(IBV_WC_RETRY_EXC_ERR);
       return landed(fab, *peer, len);
     }
     case IBV_WR_SEND:
@@ -286,7 +297,8 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (got == Reserve::empty)
           return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
         if (got == Reserve::ok) {
-          if (!complete_eager(fab, *peer, t, dqpn, w, pos, src, len))
+          hold(qp, *peer, t, pos);
+          if (!complete_eager(fab, *peer, qp->sh, t, dqpn, w, pos, src, len))
             return done(IBV_WC_RETRY_EXC_ERR);
           return landed(fab, *peer, len);
         }

@@ -91,7 +91,6 @@ int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr
     auto *w = reinterpret_cast<RecvWqe *>(s);
     w->wr_id = wr->wr_id;
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
-    w->reserver.store(0, std::memory_order_relaxed);
     if (w->num_sge) memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
     ring_publish(r, s, pos);
     // The tail moves last: a sender that sees it sees the WQE and its class.
@@ -124,27 +123,22 @@ bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *o
   return true;
 }
 
-void rq_reclaim(AreaRoot *root, RqShared *rq, uint32_t max_wr, uint64_t nonce) {
+void rq_reclaim(AreaRoot *root, RqShared *rq, uint32_t max_wr, uint64_t pos) {
   RingHeader *r = &rq->ring;
-  const uint64_t head = r->head.load(std::memory_order_acquire);
-  const uint64_t span = uint64_t{r->mask} + 1;
-  for (uint64_t pos = head > span ? head - span : 0; pos < head; ++pos) {
-    RingSlot *s = ring_slot(r, pos);
-    auto *w = reinterpret_cast<RecvWqe *>(s);
-    if (ring_seq(r, s, pos) != pos + 1 || w->reserver.load(std::memory_order_acquire) != nonce)
-      continue;
-    ibv_sge sge[kMaxSge];
-    ibv_recv_wr wr{};
-    wr.wr_id = w->wr_id;
-    wr.num_sge = static_cast<int>(std::min(w->num_sge, kMaxSge));
-    wr.sg_list = sge;
-    memcpy(sge, w->sge, sizeof(ibv_sge) * wr.num_sge);
-    rq_release(rq, s, pos);
-    ibv_recv_wr *bad = nullptr;
-    if (rq_post(root, rq, max_wr, &wr, &bad)) {
-      // The application took the room meanwhile: the receive is gone, as
-      // one an HCA discards with a destroyed QP's completions.
-    }
+  RingSlot *s = ring_slot(r, pos);
+  if (pos >= r->head.load(std::memory_order_acquire) || ring_seq(r, s, pos) != pos + 1) return;
+  auto *w = reinterpret_cast<RecvWqe *>(s);
+  ibv_sge sge[kMaxSge];
+  ibv_recv_wr wr{};
+  wr.wr_id = w->wr_id;
+  wr.num_sge = static_cast<int>(std::min(w->num_sge, kMaxSge));
+  wr.sg_list = sge;
+  memcpy(sge, w->sge, sizeof(ibv_sge) * wr.num_sge);
+  rq_release(rq, s, pos);
+  ibv_recv_wr *bad = nullptr;
+  if (rq_post(root, rq, max_wr, &wr, &bad)) {
+    // The application took the room meanwhile: the receive is gone, as one
+    // an HCA discards with a destroyed QP's completions.
   }
 }
 
@@ -171,8 +165,6 @@ Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, R
     }
     if (r->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
   }
-  reinterpret_cast<RecvWqe *>(ring_slot(r, pos))
-      ->reserver.store(fab.nonce(), std::memory_order_relaxed);
   *pos_out = pos;
   check_limit(fab, owner, rq);
   return Reserve::ok;

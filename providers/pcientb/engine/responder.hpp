@@ -30,10 +30,10 @@ int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr
 // Frees the WQE at pos, taken by an eager message that will not be delivered
 // (its QP was reset or destroyed); the owner's side.
 void rq_give_back(RqShared *rq, uint64_t pos);
-// The node with this nonce died: each receive it reserved for a small message
-// and never announced is posted again (wr_id and buffers kept) and its slot
-// released. With the owner's posting lock.
-void rq_reclaim(AreaRoot *root, RqShared *rq, uint32_t max_wr, uint64_t nonce);
+// The receive at pos was reserved by a node that died before announcing the
+// message: it is posted again (wr_id and buffers kept) and its slot released,
+// unless it was consumed meanwhile. With the owner's posting lock.
+void rq_reclaim(AreaRoot *root, RqShared *rq, uint32_t max_wr, uint64_t pos);
 // Takes the next receive WQE of a (possibly remote) queue; raises the SRQ
 // limit event of its owner when that is due.
 bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out);
@@ -82,8 +82,9 @@ bool complete_with(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp, CqSha
     e->wc.wr_id = fab.nonce();
     e->sq_ticket = CqEntry::kClaimed;
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with Node::retire_qp
-  if (qpn && qp->qpn.load(std::memory_order_relaxed) != qpn) {
+  // seq_cst, as the claim (mpsc_reserve) and Node::retire_qp's store: a
+  // destroy either sees this claim or this load sees the number gone.
+  if (qpn && qp->qpn.load(std::memory_order_seq_cst) != qpn) {
     cq_void(cq, pos);
     return false;
   }

@@ -34,12 +34,22 @@ class Peer {
   // Cheap; set once the fabric has seen the peer die.
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   void mark_dead() { dead_.store(true, std::memory_order_release); }
+  // Whether the peer lives now (its life word, where the fabric has one):
+  // one load, inline, asked around every transfer.
+  bool live() {
+    if (dead()) return false;
+    if (!life_ || life_->load(std::memory_order_acquire) == life_value_) return true;
+    mark_dead();
+    return false;
+  }
 
  protected:
   uint16_t lid_ = 0;
   uint64_t nonce_ = 0;
   void *area_ = nullptr;
   std::atomic<bool> dead_{false};
+  const std::atomic<uint32_t> *life_ = nullptr;  // set by the fabric at attach
+  uint32_t life_value_ = 0;
 };
 
 // Status of a data movement: ok, the window is not (or no longer) there, or
@@ -70,9 +80,8 @@ class Fabric {
   // The peer with this LID (this node itself included), attached on first
   // use; nullptr if no live node has it. Stays valid until the fabric dies.
   virtual Peer *peer(uint16_t lid) = 0;
-  // Whether the peer lives now; marks it dead if not. Cheap (no system
-  // call): asked after every transfer, so that a transfer that finds the
-  // peer alive landed in a live node.
+  // Whether the peer lives now; marks it dead if not (Peer::live, or what
+  // else the backend knows). No system call.
   virtual bool check_alive(Peer &peer) = 0;
   // A descriptor that becomes readable when the peer dies, for poll().
   virtual int death_fd(Peer &peer) = 0;

@@ -361,7 +361,6 @@ class EmuPeer final : public Peer {
 
   bool self = false;
   pid_t pid = 0;
-  uint32_t life = 0;  // the peer's life word while it lives
   int pidfd = -1;
   SegHeader *hdr = nullptr;
   uint64_t seg_size = 0;
@@ -598,8 +597,10 @@ int EmuPeer::attach(const NodeSlot &slot) {
   hdr = static_cast<SegHeader *>(m);
   seg_size = slot.seg_size;
   if (hdr->magic != kSegMagic || hdr->nonce != slot.nonce) return ESRCH;
-  life = hdr->life.load(std::memory_order_acquire);
+  uint32_t life = hdr->life.load(std::memory_order_acquire);
   if (life == 0 || (life & FUTEX_OWNER_DIED)) return ESRCH;
+  life_ = &hdr->life;  // Peer::live() compares it with the value it has now
+  life_value_ = life;
   nonce_ = slot.nonce;
   area_ = reinterpret_cast<uint8_t *>(m) + kHeaderSize;
   cache_ = std::make_unique<std::atomic<const Mapping *>[]>(kMaxChunks);
@@ -691,13 +692,8 @@ bool EmuFabric::member() {
   return table_->slots[lid_ - 1].nonce == nonce_;
 }
 
-bool EmuFabric::check_alive(Peer &pp) {
-  auto &p = static_cast<EmuPeer &>(pp);
-  if (p.dead()) return false;
-  if (p.self) return true;
-  if (p.hdr->life.load(std::memory_order_acquire) == p.life) return true;
-  p.mark_dead();
-  return false;
+bool EmuFabric::check_alive(Peer &p) {
+  return p.live();
 }
 
 // The life thread only sleeps: its robust list (the life word) is what the
