@@ -13,54 +13,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
-#define CHECK(x)                                      \
-  do {                                                \
-    if (!(x)) {                                       \
-      printf("FAILED: %s (line %d)\n", #x, __LINE__); \
-      exit(2);                                        \
-    }                                                 \
-  } while (0)
+
+#include "repro.hpp"
+
 struct Ep {
   uint16_t lid;
   uint32_t qpn;
 };
 static void connect(ibv_qp *qp, Ep peer) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  CHECK(
-      !ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = peer.qpn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 1;
-  a.ah_attr.dlid = peer.lid;
-  a.ah_attr.port_num = 1;
-  CHECK(!ibv_modify_qp(qp, &a,
-                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 10;
-  a.retry_cnt = 3;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  CHECK(!ibv_modify_qp(qp, &a,
-                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
-}
-static ibv_context *open_dev() {
-  ibv_device **l = ibv_get_device_list(nullptr);
-  CHECK(l && l[0]);
-  return ibv_open_device(l[0]);
+  connect(qp, peer.lid, peer.qpn);
 }
 constexpr int kMaxWr = 8;
 int main() {
-  setenv("PCIENTB_FABRIC", ("repro-killed-" + std::to_string(getpid())).c_str(), 1);
-  ibv_context *ctx = open_dev();
-  CHECK(ctx);
+  ibv_context *ctx = open_dev("repro-killed");
   ibv_pd *pd = ibv_alloc_pd(ctx);
   ibv_port_attr port;
   ibv_query_port(ctx, 1, &port);

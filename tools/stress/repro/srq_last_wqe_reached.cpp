@@ -10,19 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#define CHECK(x)                                      \
-  do {                                                \
-    if (!(x)) {                                       \
-      printf("FAILED: %s (line %d)\n", #x, __LINE__); \
-      exit(2);                                        \
-    }                                                 \
-  } while (0)
+
+#include "repro.hpp"
+
 int main() {
-  setenv("PCIENTB_FABRIC", ("repro-last-wqe-" + std::to_string(getpid())).c_str(), 1);
-  ibv_device **l = ibv_get_device_list(nullptr);
-  CHECK(l && l[0]);
-  ibv_context *ctx = ibv_open_device(l[0]);
-  CHECK(ctx);
+  ibv_context *ctx = open_dev("repro-last-wqe");
   ibv_pd *pd = ibv_alloc_pd(ctx);
   ibv_port_attr port;
   ibv_query_port(ctx, 1, &port);

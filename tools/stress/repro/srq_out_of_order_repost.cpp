@@ -3,54 +3,12 @@
 // one SRQ, each with its own CQ, small eager SENDs).
 // Build: cmake --build --preset default --target stress_repro_srq_out_of_order_repost
 // Run:   build/bin/stress_repro_srq_out_of_order_repost   (prints PASS or FAIL; exit 0 / 1)
-#include <infiniband/verbs.h>
-#include <unistd.h>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <string>
-#define CHECK(x)                                      \
-  do {                                                \
-    if (!(x)) {                                       \
-      printf("FAILED: %s (line %d)\n", #x, __LINE__); \
-      exit(2);                                        \
-    }                                                 \
-  } while (0)
-static void connect(ibv_qp *qp, uint16_t lid, uint32_t dqpn) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = 0;
-  CHECK(
-      !ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = dqpn;
-  a.rq_psn = 0;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 1;
-  a.ah_attr.dlid = lid;
-  a.ah_attr.port_num = 1;
-  CHECK(!ibv_modify_qp(qp, &a,
-                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 10;
-  a.retry_cnt = 3;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  CHECK(!ibv_modify_qp(qp, &a,
-                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
-}
+
+#include "repro.hpp"
+
 int main() {
-  setenv("PCIENTB_FABRIC", ("repro-srq-order-" + std::to_string(getpid())).c_str(), 1);
-  ibv_device **l = ibv_get_device_list(nullptr);
-  CHECK(l && l[0]);
-  ibv_context *ctx = ibv_open_device(l[0]);
-  CHECK(ctx);
+  ibv_context *ctx = open_dev("repro-srq-order");
   ibv_pd *pd = ibv_alloc_pd(ctx);
   ibv_port_attr port;
   ibv_query_port(ctx, 1, &port);

@@ -1,0 +1,59 @@
+// What the reproductions share: a check that ends the program, opening
+// pcientb0 on a fabric of the program's own, and an RC connection.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#define CHECK(x)                                      \
+  do {                                                \
+    if (!(x)) {                                       \
+      printf("FAILED: %s (line %d)\n", #x, __LINE__); \
+      exit(2);                                        \
+    }                                                 \
+  } while (0)
+
+// Joins the fabric `name`-<pid> (set once, before the first open: children
+// forked later join the same one).
+inline ibv_context *open_dev(const char *name = nullptr) {
+  if (name)
+    setenv("PCIENTB_FABRIC", (std::string(name) + "-" + std::to_string(getpid())).c_str(), 1);
+  ibv_device **l = ibv_get_device_list(nullptr);
+  CHECK(l && l[0]);
+  ibv_context *ctx = ibv_open_device(l[0]);
+  CHECK(ctx);
+  return ctx;
+}
+
+// RESET -> INIT -> RTR -> RTS towards QP dqpn of the node at lid.
+inline void connect(ibv_qp *qp, uint16_t lid, uint32_t dqpn) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  CHECK(
+      !ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dqpn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.ah_attr.dlid = lid;
+  a.ah_attr.port_num = 1;
+  CHECK(!ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 10;
+  a.retry_cnt = 3;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  CHECK(!ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
+}
