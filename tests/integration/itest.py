@@ -59,20 +59,20 @@ def require_tools(*names):
         sys.exit(SKIP)
 
 
-def launcher():
-    run = os.environ.get("PCIENTB_RUN")
+def _launcher_from(var):
+    run = os.environ.get(var)
     if not run or not os.access(run, os.X_OK):
-        print(f"[itest] PCIENTB_RUN={run!r} is not an executable launcher", flush=True)
+        print(f"[itest] {var}={run!r} is not an executable launcher", flush=True)
         sys.exit(1)
     return run
+
+
+def launcher():
+    return _launcher_from("PCIENTB_RUN")
 
 
 def mpi_launcher():
-    run = os.environ.get("PCIENTB_MPIRUN")
-    if not run or not os.access(run, os.X_OK):
-        print(f"[itest] PCIENTB_MPIRUN={run!r} is not an executable launcher", flush=True)
-        sys.exit(1)
-    return run
+    return _launcher_from("PCIENTB_MPIRUN")
 
 
 def fabric():
