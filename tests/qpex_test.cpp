@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstring>
+#include <vector>
 
 namespace pcientb::test {
 namespace {
@@ -274,6 +275,247 @@ TEST(QpEx, WrAbortDiscardsTheBatch) {
         EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
         EXPECT_EQ(wc.byte_len, 64u) << "the aborted 32-byte SEND was delivered";
       });
+}
+
+// ---- what ibv_wr_complete refuses: the rules of ibv_post_send, for the batch as a whole ----
+
+// An extended RC QP in RTS connected to itself on this node: no peer needed.
+struct SelfRc {
+  explicit SelfRc(RcOptions options = qp_ex_options()) : options(options), rc(node, options) {
+    Endpoint self = rc.endpoint(node, buf);
+    rc_init_to_rts(rc.qp.get(), self, self, options.params);
+    ibv_qp_attr attr{};
+    if (ibv_query_qp(rc.qp.get(), &attr, IBV_QP_CAP, &init)) throw SetupError("ibv_query_qp");
+  }
+  ibv_qp_ex *start(uint64_t wr_id, unsigned flags = IBV_SEND_SIGNALED) {
+    ibv_qp_ex *qpx = ibv_qp_to_qp_ex(rc.qp.get());
+    ibv_wr_start(qpx);
+    qpx->wr_id = wr_id;
+    qpx->wr_flags = flags;
+    return qpx;
+  }
+  // Queues an RDMA WRITE of `length` bytes from offset 0 to the upper half of the buffer.
+  void write(ibv_qp_ex *qpx, uint32_t length = 64) {
+    ibv_wr_rdma_write(qpx, buf.mr->rkey, buf.addr(buf.bytes.size() / 2));
+    ibv_wr_set_sge(qpx, buf.mr->lkey, buf.addr(0), length);
+  }
+  ibv_cq *cq() const { return rc.cq.get(); }
+
+  RcOptions options;
+  Node node;
+  Buffer buf{node.pd.get(), 64 * 1024};
+  RcQp rc;
+  ibv_qp_init_attr init{};  // its capabilities, as created
+};
+
+TEST(QpExRules, AFullSendQueueFailsTheBatchWithEnomemAndPostsNothing) {
+  RcOptions options = qp_ex_options();
+  options.max_send_wr = 8;
+  SelfRc q(options);
+  const uint32_t max_wr = q.init.cap.max_send_wr;
+  fill_pattern(q.buf.span(0, 64), 11);
+
+  // One batch larger than the whole queue.
+  ibv_qp_ex *qpx = q.start(1);
+  for (uint32_t i = 0; i <= max_wr; ++i) q.write(qpx);
+  EXPECT_EQ(ENOMEM, ibv_wr_complete(qpx));
+  EXPECT_TRUE(stays_empty(q.cq(), 50ms)) << "a WR of the refused batch was executed";
+  EXPECT_TRUE(all_bytes_are(q.buf.span(q.buf.bytes.size() / 2, 64), 0));
+
+  // The queue filled by earlier batches whose completions are not polled yet.
+  for (uint32_t i = 0; i < max_wr; ++i) {
+    qpx = q.start(100 + i);
+    q.write(qpx);
+    ASSERT_EQ(0, ibv_wr_complete(qpx)) << "WR " << i << " of " << max_wr;
+  }
+  qpx = q.start(999);
+  q.write(qpx);
+  EXPECT_EQ(ENOMEM, ibv_wr_complete(qpx));
+  auto wcs = wait_wcs(q.cq(), max_wr);
+  for (uint32_t i = 0; i < max_wr; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, 100u + i);
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS);
+  }
+  EXPECT_TRUE(stays_empty(q.cq(), 50ms)) << "the refused WR was executed";
+
+  // Polled: there is room again.
+  qpx = q.start(1000);
+  q.write(qpx);
+  ASSERT_EQ(0, ibv_wr_complete(qpx));
+  EXPECT_EQ(wait_wc(q.cq()).wr_id, 1000u);
+}
+
+TEST(QpExRules, OneInvalidWrFailsTheWholeBatch) {
+  SelfRc q;
+  fill_pattern(q.buf.span(0, 64), 12);
+  ibv_qp_ex *qpx = q.start(1);
+  q.write(qpx);  // valid
+  qpx->wr_id = 2;
+  qpx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;  // an inline READ is not
+  ibv_wr_rdma_read(qpx, q.buf.mr->rkey, q.buf.addr(0));
+  ibv_wr_set_sge(qpx, q.buf.mr->lkey, q.buf.addr(1024), 64);
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx));
+  EXPECT_TRUE(stays_empty(q.cq(), 50ms));
+  EXPECT_TRUE(all_bytes_are(q.buf.span(q.buf.bytes.size() / 2, 64), 0))
+      << "the valid WRITE ahead of the bad WR was executed";
+}
+
+TEST(QpExRules, InlineReadAndAtomicsAreRejected) {
+  SelfRc q;
+  const unsigned inl = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  ibv_qp_ex *qpx = q.start(1, inl);
+  ibv_wr_rdma_read(qpx, q.buf.mr->rkey, q.buf.addr(0));
+  ibv_wr_set_sge(qpx, q.buf.mr->lkey, q.buf.addr(1024), 64);
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << "inline RDMA READ";
+  qpx = q.start(2, inl);
+  ibv_wr_atomic_fetch_add(qpx, q.buf.mr->rkey, q.buf.addr(0), 1);
+  ibv_wr_set_sge(qpx, q.buf.mr->lkey, q.buf.addr(1024), 8);
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << "inline fetch-and-add";
+  qpx = q.start(3, inl);
+  ibv_wr_atomic_cmp_swp(qpx, q.buf.mr->rkey, q.buf.addr(0), 0, 1);
+  ibv_wr_set_sge(qpx, q.buf.mr->lkey, q.buf.addr(1024), 8);
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << "inline compare-and-swap";
+  // The same rule as ibv_post_send's.
+  EXPECT_EQ(EINVAL, SendWr(IBV_WR_RDMA_READ, 4, inl)
+                        .sge(q.buf.sge(1024, 64))
+                        .remote(q.buf.addr(0), q.buf.mr->rkey)
+                        .post(q.rc.qp.get()));
+  EXPECT_TRUE(stays_empty(q.cq(), 50ms));
+}
+
+// With IBV_SEND_INLINE in wr_flags, SGEs set by ibv_wr_set_sge(_list) are the
+// inline data, as with ibv_post_send: the QP's SGE and inline limits apply.
+TEST(QpExRules, InlineFlagWithSgesObeysTheSgeAndInlineLimits) {
+  SelfRc q;
+  const unsigned inl = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  const uint32_t max_sge = q.init.cap.max_send_sge;
+  const uint32_t max_inline = q.init.cap.max_inline_data;
+  ASSERT_LT(max_sge, 16u);
+
+  ibv_qp_ex *qpx = q.start(1, inl);
+  ibv_wr_rdma_write(qpx, q.buf.mr->rkey, q.buf.addr(32768));
+  std::vector<ibv_sge> sges;
+  for (uint32_t i = 0; i <= max_sge; ++i) sges.push_back(q.buf.sge(i, 1));
+  ibv_wr_set_sge_list(qpx, sges.size(), sges.data());
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << max_sge + 1 << " inline SGEs";
+
+  qpx = q.start(2, inl);
+  q.write(qpx, max_inline + 1);
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << max_inline + 1 << " bytes inline in one SGE";
+
+  std::vector<uint8_t> data(max_inline + 1, 0x5a);
+  qpx = q.start(3, inl);
+  ibv_wr_rdma_write(qpx, q.buf.mr->rkey, q.buf.addr(32768));
+  ibv_wr_set_inline_data(qpx, data.data(), data.size());
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << max_inline + 1 << " bytes by set_inline_data";
+
+  qpx = q.start(4);
+  ibv_wr_rdma_write(qpx, q.buf.mr->rkey, q.buf.addr(32768));
+  sges.resize(max_sge + 1);
+  ibv_wr_set_sge_list(qpx, sges.size(), sges.data());
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << max_sge + 1 << " SGEs";
+  EXPECT_TRUE(stays_empty(q.cq(), 50ms));
+  EXPECT_TRUE(all_bytes_are(q.buf.span(32768, 256), 0));
+
+  // At the limits it goes.
+  fill_pattern(q.buf.span(0, max_inline), 13);
+  qpx = q.start(5, inl);
+  q.write(qpx, max_inline);
+  ASSERT_EQ(0, ibv_wr_complete(qpx));
+  EXPECT_EQ(wait_wc(q.cq()).status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(has_pattern(q.buf.span(32768, max_inline), 13));
+}
+
+TEST(QpExRules, AQpNotYetInRtsRefusesTheBatch) {
+  Node node;
+  Buffer buf(node.pd.get(), 4096);
+  RcQp rc(node, qp_ex_options());  // in INIT
+  ibv_qp_ex *qpx = ibv_qp_to_qp_ex(rc.qp.get());
+  ibv_wr_start(qpx);
+  qpx->wr_id = 1;
+  qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(qpx, buf.mr->rkey, buf.addr(2048));
+  ibv_wr_set_sge(qpx, buf.mr->lkey, buf.addr(0), 64);
+  EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << "in INIT";
+  EXPECT_TRUE(stays_empty(rc.cq.get(), 50ms));
+}
+
+// A UD QP made with every send op: what ibv_wr_* may build on it is still
+// limited to SENDs, as for ibv_post_send.
+TEST(QpExRules, UdQpRefusesRdmaAndAtomics) {
+  Node node;
+  Buffer buf(node.pd.get(), 64 * 1024);
+  auto cq = create_cq(node.ctx.get());
+  ibv_qp_init_attr attr = ud_qp_attr(cq.get());
+  ibv_qp_init_attr_ex ex{};
+  ex.qp_type = attr.qp_type;
+  ex.send_cq = ex.recv_cq = cq.get();
+  ex.cap = attr.cap;
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ex.pd = node.pd.get();
+  ex.send_ops_flags = kAllSendOps;
+  QpPtr qp(ibv_create_qp_ex(node.ctx.get(), &ex));
+  ASSERT_NE(qp, nullptr) << std::strerror(errno);
+  constexpr uint32_t kQkey = 0x11111111;
+  ud_to_rts(qp.get(), kQkey);
+  // The receiver, on this node too.
+  auto rcq = create_cq(node.ctx.get());
+  auto rqp = create_qp(node.pd.get(), ud_qp_attr(rcq.get()));
+  ud_to_rts(rqp.get(), kQkey);
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(0, RecvWr(i).sge(buf.sge(8192 + 4096 * i, 4096)).post(rqp.get()));
+  Endpoint self;
+  self.lid = node.lid();
+  self.gid = node.gid;
+  auto ah = create_ah(node.pd.get(), self);
+  ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp.get());
+
+  struct Case {
+    const char *name;
+    void (*build)(ibv_qp_ex *, uint32_t rkey, uint64_t addr);
+  };
+  const Case cases[] = {
+      {"RDMA WRITE", [](ibv_qp_ex *x, uint32_t k, uint64_t a) { ibv_wr_rdma_write(x, k, a); }},
+      {"RDMA WRITE with immediate",
+       [](ibv_qp_ex *x, uint32_t k, uint64_t a) { ibv_wr_rdma_write_imm(x, k, a, htonl(1)); }},
+      {"RDMA READ", [](ibv_qp_ex *x, uint32_t k, uint64_t a) { ibv_wr_rdma_read(x, k, a); }},
+      {"compare-and-swap",
+       [](ibv_qp_ex *x, uint32_t k, uint64_t a) { ibv_wr_atomic_cmp_swp(x, k, a, 0, 1); }},
+      {"fetch-and-add",
+       [](ibv_qp_ex *x, uint32_t k, uint64_t a) { ibv_wr_atomic_fetch_add(x, k, a, 1); }},
+  };
+  for (const Case &c : cases) {
+    ibv_wr_start(qpx);
+    qpx->wr_id = 1;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    c.build(qpx, buf.mr->rkey, buf.addr(4096));
+    ibv_wr_set_ud_addr(qpx, ah.get(), rqp->qp_num, kQkey);
+    ibv_wr_set_sge(qpx, buf.mr->lkey, buf.addr(0), 8);
+    EXPECT_EQ(EINVAL, ibv_wr_complete(qpx)) << c.name << " on a UD QP";
+  }
+  // The same rule as ibv_post_send's.
+  for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ,
+                           IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD})
+    EXPECT_EQ(EINVAL,
+              SendWr(op, 1).sge(buf.sge(0, 8)).ud(ah.get(), rqp->qp_num, kQkey).post(qp.get()))
+        << "ibv_post_send of opcode " << op << " on a UD QP";
+  EXPECT_TRUE(stays_empty(cq.get(), 50ms)) << "a refused WR completed";
+  EXPECT_TRUE(stays_empty(rcq.get(), 50ms)) << "a refused WR went out as a datagram";
+
+  // A SEND on the same QP goes out.
+  ibv_wr_start(qpx);
+  qpx->wr_id = 2;
+  qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(qpx);
+  ibv_wr_set_ud_addr(qpx, ah.get(), rqp->qp_num, kQkey);
+  ibv_wr_set_sge(qpx, buf.mr->lkey, buf.addr(0), 8);
+  ASSERT_EQ(0, ibv_wr_complete(qpx));
+  ibv_wc wc = wait_wc(cq.get());
+  EXPECT_EQ(wc.wr_id, 2u);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  wc = wait_wc(rcq.get());
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.byte_len, kGrhBytes + 8);
 }
 
 }  // namespace

@@ -9,30 +9,35 @@
 #include <atomic>
 #include <cstdint>
 
+#include "engine/opcodes.hpp"
+
 namespace pcientb::engine {
 
 enum class Traffic : uint8_t { send, write, read, atomic, recv, none };
 constexpr int kTrafficKinds = 5;
 constexpr const char *kTrafficNames[kTrafficKinds] = {"send", "write", "read", "atomic", "recv"};
 
+// What a WR moves, from the remote right it needs: none means a message.
+// Unsupported opcodes move nothing.
 constexpr Traffic traffic_of(ibv_wr_opcode op) {
-  switch (op) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_SEND_WITH_INV:
-      return Traffic::send;
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
+  // By index, not op_info(): GCC does not fold a pointer test under -fsanitize.
+  if (!op_supported(op)) return Traffic::none;
+  switch (kOpInfo[op].remote_access) {
+    case IBV_ACCESS_REMOTE_WRITE:
       return Traffic::write;
-    case IBV_WR_RDMA_READ:
+    case IBV_ACCESS_REMOTE_READ:
       return Traffic::read;
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_ACCESS_REMOTE_ATOMIC:
       return Traffic::atomic;
     default:
-      return Traffic::none;
+      return Traffic::send;
   }
 }
+static_assert(traffic_of(IBV_WR_SEND_WITH_IMM) == Traffic::send &&
+              traffic_of(IBV_WR_RDMA_WRITE_WITH_IMM) == Traffic::write &&
+              traffic_of(IBV_WR_RDMA_READ) == Traffic::read &&
+              traffic_of(IBV_WR_ATOMIC_FETCH_AND_ADD) == Traffic::atomic &&
+              traffic_of(IBV_WR_SEND_WITH_INV) == Traffic::none);
 
 struct Counters {
   std::atomic<uint64_t> ops[kTrafficKinds] = {};

@@ -342,7 +342,17 @@ int destroy_srq(Srq *srq);
 int post_srq_recv(Srq *srq, const ibv_recv_wr *wr, ibv_recv_wr **bad);
 
 Qp *create_qp(Context *ctx, ibv_qp_init_attr_ex *attr, int *err);
-int post_wqes(Qp *qp, SendWqe *wqes, size_t n);  // already checked WRs (ibv_wr_* API)
+int post_wqes(Qp *qp, SendWqe *wqes, size_t n);  // checked WRs (ibv_wr_* API); ENOMEM: none posted
+// The rules a send WR must pass to be posted, for ibv_post_send and
+// ibv_wr_complete alike (EINVAL otherwise): the QP's state, the opcode and
+// the QP's type (opcodes.hpp), the SGE count, inline data (its size; never
+// for READ or atomics), a UD WR's AH.
+int check_wqe(Qp *qp, ibv_wr_opcode opcode, unsigned int flags, const ibv_sge *sge,
+              uint32_t num_sge, bool has_ah);
+inline int check_wqe(Qp *qp, const SendWqe &w) {
+  return check_wqe(qp, w.opcode, w.flags, w.sge, w.num_sge, w.ah != nullptr);
+}
+// check_wqe for an ibv_send_wr, and its SGE list is readable.
 int check_send_wr(Qp *qp, const ibv_send_wr *wr);
 void set_qp_handle(Qp *qp, ibv_qp *ibv);  // the glue's struct ibv_qp
 int modify_qp(Qp *qp, const ibv_qp_attr *attr, int mask);

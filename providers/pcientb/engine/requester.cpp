@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/opcodes.hpp"
 #include "engine/responder.hpp"
 
 namespace pcientb::engine {
@@ -20,20 +21,6 @@ constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60, 
 uint64_t transport_timeout_ns(uint8_t timeout) {
   // 4.096 us * 2^timeout; 0 means infinite, retried every second.
   return timeout ? 4096ull << std::min<uint8_t>(timeout, 31) : 1000000000ull;
-}
-
-constexpr ibv_wc_opcode kWcOpcode[] = {
-    [IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE,
-    [IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
-    [IBV_WR_SEND] = IBV_WC_SEND,
-    [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND,
-    [IBV_WR_RDMA_READ] = IBV_WC_RDMA_READ,
-    [IBV_WR_ATOMIC_CMP_AND_SWP] = IBV_WC_COMP_SWAP,
-    [IBV_WR_ATOMIC_FETCH_AND_ADD] = IBV_WC_FETCH_ADD,
-};
-
-bool is_atomic(ibv_wr_opcode op) {
-  return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
 enum class Outcome { done, rnr, no_ack };
@@ -329,7 +316,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
 }
 
 Result execute(Qp *qp, const SendWqe &w) {
-  bool dest = w.opcode == IBV_WR_RDMA_READ || is_atomic(w.opcode);
+  bool dest = op_info(w.opcode)->local_dest;  // a posted WR's opcode is supported
   Gather src;
   ibv_wc_status s = local_gather(qp, w, dest, &src);
   if (s != IBV_WC_SUCCESS) return done(s);
@@ -345,7 +332,7 @@ void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len)
     e.wc = ibv_wc{};
     e.wc.wr_id = w.wr_id;
     e.wc.status = status;
-    e.wc.opcode = kWcOpcode[w.opcode];
+    e.wc.opcode = op_info(w.opcode)->wc;
     e.wc.byte_len = byte_len;
     e.wc.qp_num = qp->ibv->qp_num;
     if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) e.wc.vendor_err = 1;
@@ -435,13 +422,13 @@ void to_wqe(const ibv_send_wr *wr, SendWqe *w) {
   w->num_sge = static_cast<uint32_t>(wr->num_sge);
   if (w->num_sge) memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
   w->ah = nullptr;
-  if (is_atomic(wr->opcode)) {
+  const OpInfo *op = op_info(wr->opcode);
+  if (op && is_atomic(*op)) {
     w->remote_addr = wr->wr.atomic.remote_addr;
     w->rkey = wr->wr.atomic.rkey;
     w->compare_add = wr->wr.atomic.compare_add;
     w->swap = wr->wr.atomic.swap;
-  } else if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-             wr->opcode == IBV_WR_RDMA_READ) {
+  } else if (op && op->remote_access) {  // RDMA WRITE (with immediate), READ
     w->remote_addr = wr->wr.rdma.remote_addr;
     w->rkey = wr->wr.rdma.rkey;
   }
@@ -449,34 +436,30 @@ void to_wqe(const ibv_send_wr *wr, SendWqe *w) {
 
 }  // namespace
 
-int check_send_wr(Qp *qp, const ibv_send_wr *wr) {
+int check_wqe(Qp *qp, ibv_wr_opcode opcode, unsigned int flags, const ibv_sge *sge,
+              uint32_t num_sge, bool has_ah) {
   ibv_qp_state st = qp->state();
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
-  bool ud = qp->ibv->qp_type == IBV_QPT_UD;
-  switch (wr->opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-      break;
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      if (ud) return EINVAL;
-      break;
-    default:
-      return EINVAL;
-  }
-  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
-  if (wr->num_sge && !wr->sg_list) return EINVAL;
-  if (wr->send_flags & IBV_SEND_INLINE) {
-    if (wr->opcode == IBV_WR_RDMA_READ || is_atomic(wr->opcode)) return EINVAL;
+  ibv_qp_type type = qp->ibv->qp_type;
+  const OpInfo *op = op_info(opcode);
+  if (!op || !op_allowed_on(*op, type)) return EINVAL;
+  if (num_sge > qp->cap.max_send_sge) return EINVAL;
+  if (flags & IBV_SEND_INLINE) {
+    if (op->local_dest) return EINVAL;
     uint64_t n = 0;
-    for (int i = 0; i < wr->num_sge; ++i) n += wr->sg_list[i].length;
+    for (uint32_t i = 0; i < num_sge; ++i) n += sge[i].length;
     if (n > qp->cap.max_inline_data) return EINVAL;
   }
-  if (ud && !wr->wr.ud.ah) return EINVAL;
+  if (type == IBV_QPT_UD && !has_ah) return EINVAL;
   return 0;
+}
+
+int check_send_wr(Qp *qp, const ibv_send_wr *wr) {
+  if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) return EINVAL;
+  if (wr->num_sge && !wr->sg_list) return EINVAL;
+  // wr.ud.ah is looked at for UD only.
+  return check_wqe(qp, wr->opcode, wr->send_flags, wr->sg_list, static_cast<uint32_t>(wr->num_sge),
+                   wr->wr.ud.ah != nullptr);
 }
 
 int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {

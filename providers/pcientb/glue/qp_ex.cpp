@@ -51,20 +51,18 @@ void wr_start(ibv_qp_ex *q) {
   g->batch_err = 0;
 }
 
+// The batch goes as a whole or not at all: EINVAL when a WR breaks a rule of
+// ibv_post_send (engine::check_wqe) or was built wrong, ENOMEM when the send
+// queue has no room for all of it.
 int wr_complete(ibv_qp_ex *q) {
   GlueQp *g = of(q);
   if (!g->batch) return EINVAL;
   int err = g->batch_err;
-  ibv_qp_state st = g->qp->state();
-  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) err = EINVAL;
   for (const SendWqe &w : *g->batch) {
     if (err) break;
-    if (w.num_sge > g->qp->cap.max_send_sge && !(w.flags & IBV_SEND_INLINE)) err = EINVAL;
-    if ((w.flags & IBV_SEND_INLINE) && w.inline_copy.size() > g->qp->cap.max_inline_data)
-      err = EINVAL;
-    if (g->qp->ibv->qp_type == IBV_QPT_UD && !w.ah) err = EINVAL;
+    err = engine::check_wqe(g->qp, w);
   }
-  if (!err) engine::post_wqes(g->qp, g->batch->data(), g->batch->size());
+  if (!err) err = engine::post_wqes(g->qp, g->batch->data(), g->batch->size());
   g->batch->clear();
   return err;
 }
