@@ -36,7 +36,7 @@ Result done(ibv_wc_status s, uint32_t len = 0) {
 
 // Success once the bytes are placed, if the peer was alive when they landed:
 // data that went to a dying node is not delivered.
-Result landed(fabric::Fabric &fab, fabric::Peer &peer, uint64_t len) {
+Result landed(fabric::Peer &peer, uint64_t len) {
   if (!peer.live()) return done(IBV_WC_RETRY_EXC_ERR);
   return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
 }
@@ -99,8 +99,6 @@ bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *holder, Q
                     uint32_t qpn, const SendWqe &w, uint64_t pos, const Gather &src, uint64_t len) {
   auto *cq = at<CqShared>(peer.area(), target->rcq);
   Off srq = target->srq;
-  auto *rq = at<RqShared>(peer.area(), srq ? srq : target->rq);
-  auto *wqe = reinterpret_cast<RecvWqe *>(ring_slot(&rq->ring, pos));
   bool arrived = complete_with(
       fab, peer, target, cq, w.flags & IBV_SEND_SOLICITED,
       [&](CqEntry &e) {
@@ -234,7 +232,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
-      return landed(fab, *peer, len);
+      return landed(*peer, len);
     }
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD: {
@@ -248,7 +246,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
           fab.atomic(*peer, mr.window, va_of(mr, w.remote_addr), op, w.compare_add, w.swap, &old);
       if (s != fabric::MoveStatus::ok) return done(moved(s));
       memcpy(const_cast<uint8_t *>(src.ptr[0]), &old, 8);
-      return landed(fab, *peer, 8);
+      return landed(*peer, 8);
     }
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
@@ -261,7 +259,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
-      if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return landed(fab, *peer, len);
+      if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return landed(*peer, len);
       // The receive is taken once the data is in place (nothing holds it if
       // the write fails); an RNR retry writes the data again.
       auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
@@ -271,7 +269,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       hold(qp, *peer, t, pos);
       if (!complete_eager(fab, *peer, qp->sh, t, dqpn, w, pos, src, len))
         return done(IBV_WC_RETRY_EXC_ERR);
-      return landed(fab, *peer, len);
+      return landed(*peer, len);
     }
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: {
@@ -287,7 +285,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
           hold(qp, *peer, t, pos);
           if (!complete_eager(fab, *peer, qp->sh, t, dqpn, w, pos, src, len))
             return done(IBV_WC_RETRY_EXC_ERR);
-          return landed(fab, *peer, len);
+          return landed(*peer, len);
         }
         // unfit: the receive may be too small or bad; it answers as below.
       }
@@ -308,7 +306,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       if (!complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED,
                        dqpn))
         return done(IBV_WC_RETRY_EXC_ERR);  // its QP is gone (a WQE taken from an SRQ with it)
-      return landed(fab, *peer, len);
+      return landed(*peer, len);
     }
     default:
       return done(IBV_WC_LOC_QP_OP_ERR);

@@ -31,30 +31,13 @@ int main() {
   ibv_query_port(ctx, 1, &port);
   static char buf[kMaxWr * 64];
   ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
-  ibv_srq_init_attr sa{};
-  sa.attr.max_wr = kMaxWr;
-  sa.attr.max_sge = 1;
-  ibv_srq *srq = ibv_create_srq(pd, &sa);
-  CHECK(srq);
-  auto post = [&](uint64_t id) {
-    ibv_sge sge{(uintptr_t)(buf + 64 * id), 64, mr->lkey};
-    ibv_recv_wr wr{}, *bad;
-    wr.wr_id = id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    return ibv_post_srq_recv(srq, &wr, &bad);
-  };
+  ibv_srq *srq = create_srq(pd, kMaxWr);
+  auto post = [&](uint64_t id) { return post_srq(srq, buf, mr, id); };
   for (int i = 0; i < kMaxWr; ++i) CHECK(post(i) == 0);
   srand(getpid());
   for (int round = 1; round <= 200; ++round) {
     ibv_cq *cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
-    ibv_qp_init_attr ra{};
-    ra.send_cq = ra.recv_cq = cq;
-    ra.srq = srq;
-    ra.qp_type = IBV_QPT_RC;
-    ra.cap = {1, 0, 1, 1, 0};
-    ibv_qp *qp = ibv_create_qp(pd, &ra);
-    CHECK(qp);
+    ibv_qp *qp = create_srq_qp(pd, cq, srq);
     int to_child[2], to_parent[2];
     CHECK(!pipe(to_child) && !pipe(to_parent));
     pid_t pid = fork();
@@ -126,12 +109,7 @@ int main() {
     }
     // Probe: a fresh loopback sender consumes and we repost kMaxWr+1 times.
     ibv_cq *cq2 = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
-    ibv_qp_init_attr r2{};
-    r2.send_cq = r2.recv_cq = cq2;
-    r2.srq = srq;
-    r2.qp_type = IBV_QPT_RC;
-    r2.cap = {1, 0, 1, 1, 0};
-    ibv_qp *rq = ibv_create_qp(pd, &r2);
+    ibv_qp *rq = create_srq_qp(pd, cq2, srq);
     ibv_qp_init_attr s2{};
     s2.send_cq = s2.recv_cq = cq2;
     s2.qp_type = IBV_QPT_RC;

@@ -18,25 +18,11 @@ int main() {
   ibv_pd *pd = ibv_alloc_pd(ctx);
   ibv_port_attr port;
   ibv_query_port(ctx, 1, &port);
-  ibv_srq_init_attr sa{};
-  sa.attr.max_wr = 4;
-  sa.attr.max_sge = 1;
-  ibv_srq *srq = ibv_create_srq(pd, &sa);
-  CHECK(srq);
+  ibv_srq *srq = create_srq(pd, 4);
   ibv_cq *cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
-  ibv_qp_init_attr ra{};
-  ra.send_cq = ra.recv_cq = cq;
-  ra.srq = srq;
-  ra.qp_type = IBV_QPT_RC;
-  ra.cap = {1, 0, 1, 1, 0};
-  ibv_qp *qp = ibv_create_qp(pd, &ra);
-  CHECK(qp);
+  ibv_qp *qp = create_srq_qp(pd, cq, srq);
+  to_init(qp);
   ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  CHECK(
-      !ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-  a = {};
   a.qp_state = IBV_QPS_ERR;
   CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE));
   for (;;) {

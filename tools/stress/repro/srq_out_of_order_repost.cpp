@@ -14,22 +14,12 @@ int main() {
   ibv_query_port(ctx, 1, &port);
   static char buf[4096];
   ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
-  ibv_srq_init_attr sa{};
-  sa.attr.max_wr = 2;
-  sa.attr.max_sge = 1;
-  ibv_srq *srq = ibv_create_srq(pd, &sa);
-  CHECK(srq);
+  ibv_srq *srq = create_srq(pd, 2);
   ibv_cq *rcq[2], *scq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
   ibv_qp *r[2], *s[2];
   for (int i = 0; i < 2; ++i) {
     rcq[i] = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
-    ibv_qp_init_attr ra{};
-    ra.send_cq = ra.recv_cq = rcq[i];
-    ra.srq = srq;
-    ra.qp_type = IBV_QPT_RC;
-    ra.cap = {1, 0, 1, 1, 0};
-    r[i] = ibv_create_qp(pd, &ra);
-    CHECK(r[i]);
+    r[i] = create_srq_qp(pd, rcq[i], srq);
     ibv_qp_init_attr qa{};
     qa.send_cq = qa.recv_cq = scq;
     qa.qp_type = IBV_QPT_RC;
@@ -39,16 +29,9 @@ int main() {
     connect(r[i], port.lid, s[i]->qp_num);
     connect(s[i], port.lid, r[i]->qp_num);
   }
-  auto post_srq = [&](uint64_t id) {
-    ibv_sge sge{(uintptr_t)(buf + 64 * id), 64, mr->lkey};
-    ibv_recv_wr wr{}, *bad;
-    wr.wr_id = id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    return ibv_post_srq_recv(srq, &wr, &bad);
-  };
-  CHECK(post_srq(0) == 0);
-  CHECK(post_srq(1) == 0);       // max_wr = 2 WQEs outstanding
+  auto post = [&](uint64_t id) { return post_srq(srq, buf, mr, id); };
+  CHECK(post(0) == 0);
+  CHECK(post(1) == 0);           // max_wr = 2 WQEs outstanding
   for (int i = 0; i < 2; ++i) {  // one 8-byte SEND per QP
     ibv_sge sge{(uintptr_t)(buf + 2048), 8, mr->lkey};
     ibv_send_wr wr{}, *bad;
@@ -69,7 +52,7 @@ int main() {
   CHECK(n == 1 && wc.status == IBV_WC_SUCCESS);
   printf("polled the receive of QP 2 (wr_id %lu); 1 of max_wr 2 WQEs outstanding\n",
          (unsigned long)wc.wr_id);
-  int rc = post_srq(wc.wr_id);
+  int rc = post(wc.wr_id);
   printf("ibv_post_srq_recv: %s\n", rc ? strerror(rc) : "ok");
   while ((n = ibv_poll_cq(rcq[0], 1, &wc)) == 0) {
   }
