@@ -72,8 +72,9 @@ bool Initiator::step() {
         return true;
       }
       // Everything must complete before the finals are final: the last WR
-      // must be signaled for the unsignaled ones before it to complete.
-      if (!outstanding_.back().signaled) post_read(0, true);
+      // must be signaled for the unsignaled ones before it to complete. A
+      // full send queue has signaled WRs to wait for (kSignalEvery) first.
+      if (!outstanding_.back().signaled && outstanding_.size() < kSendWr) post_read(0, true);
       check_deadlines();
       return did;
     }

@@ -1,0 +1,311 @@
+// rdma_cm on pcientb0 (librdmacm_glue), through unmodified librdmacm: the
+// errors and events a program gets from the kernel's rdma_cm, across two
+// processes where it matters.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "two_process.hpp"
+
+namespace pcientb::test {
+namespace {
+
+sockaddr_in ipv4(const char *ip, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  return a;
+}
+
+sockaddr *sa(sockaddr_in &a) {
+  return reinterpret_cast<sockaddr *>(&a);
+}
+
+uint16_t bound_port(rdma_cm_id *id) {
+  return ntohs(reinterpret_cast<sockaddr_in *>(rdma_get_local_addr(id))->sin_port);
+}
+
+struct Cm {
+  rdma_event_channel *ch = nullptr;
+  rdma_cm_id *id = nullptr;
+  explicit Cm(rdma_port_space ps = RDMA_PS_TCP) {
+    use_private_fabric();
+    ch = rdma_create_event_channel();
+    if (ch == nullptr) throw_errno("rdma_create_event_channel", errno);
+    if (rdma_create_id(ch, &id, nullptr, ps) != 0) throw_errno("rdma_create_id", errno);
+  }
+  ~Cm() {
+    if (id != nullptr) rdma_destroy_id(id);
+    rdma_destroy_event_channel(ch);
+  }
+  Cm(const Cm &) = delete;
+  Cm &operator=(const Cm &) = delete;
+
+  // Resolves address and route to 127.0.0.1:port.
+  void resolve(uint16_t port) {
+    sockaddr_in dst = ipv4("127.0.0.1", port);
+    ASSERT_EQ(rdma_resolve_addr(id, nullptr, sa(dst), 1000), 0);
+    ASSERT_EQ(expect(RDMA_CM_EVENT_ADDR_RESOLVED), 0);
+    ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
+    ASSERT_EQ(expect(RDMA_CM_EVENT_ROUTE_RESOLVED), 0);
+  }
+
+  // Listens on 127.0.0.1 and an ephemeral port, which it returns.
+  uint16_t listen() {
+    sockaddr_in addr = ipv4("127.0.0.1", 0);
+    if (rdma_bind_addr(id, sa(addr)) != 0) throw_errno("rdma_bind_addr", errno);
+    if (rdma_listen(id, 4) != 0) throw_errno("rdma_listen", errno);
+    return bound_port(id);
+  }
+
+  // The next event, which must be `want`; its status is returned. Waits in
+  // poll() on the channel's descriptor, as event loops do.
+  int expect(rdma_cm_event_type want, rdma_cm_event *copy = nullptr,
+             std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    pollfd p{ch->fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) throw SetupError("no CM event");
+    rdma_cm_event *e = nullptr;
+    if (rdma_get_cm_event(ch, &e) != 0) throw_errno("rdma_get_cm_event", errno);
+    EXPECT_EQ(e->event, want) << rdma_event_str(e->event) << " instead of " << rdma_event_str(want);
+    const int status = e->status;
+    if (copy != nullptr) *copy = *e;
+    rdma_ack_cm_event(e);
+    return status;
+  }
+};
+
+TEST(Cm, DeviceNodeIsACharacterDevice) {
+  Cm cm;
+  struct stat st {};
+  ASSERT_EQ(fstat(cm.ch->fd, &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+TEST(Cm, BindingAPortTwiceIsAddressInUse) {
+  Cm a, b;
+  sockaddr_in addr = ipv4("127.0.0.1", 0);
+  ASSERT_EQ(rdma_bind_addr(a.id, sa(addr)), 0);
+  const uint16_t port = bound_port(a.id);
+  EXPECT_GE(port, 32768);
+  sockaddr_in same = ipv4("127.0.0.1", port);
+  EXPECT_EQ(rdma_bind_addr(b.id, sa(same)), -1);
+  EXPECT_EQ(errno, EADDRINUSE);
+  // The id that failed is still usable.
+  sockaddr_in other = ipv4("127.0.0.1", 0);
+  EXPECT_EQ(rdma_bind_addr(b.id, sa(other)), 0);
+  EXPECT_NE(bound_port(b.id), port);
+}
+
+TEST(Cm, APortIsTakenFabricWide) {
+  two_process(
+      [](Channel &ch) {
+        const auto port = ch.recv<uint16_t>();
+        Cm cm;
+        sockaddr_in addr = ipv4("127.0.0.1", port);
+        EXPECT_EQ(rdma_bind_addr(cm.id, sa(addr)), -1);
+        EXPECT_EQ(errno, EADDRINUSE);
+        ch.signal();
+      },
+      [](Channel &ch) {
+        Cm cm;
+        ch.send(cm.listen());
+        ch.wait();
+      });
+}
+
+TEST(Cm, AnAddressOfAnotherHostCannotBeBound) {
+  Cm cm;
+  sockaddr_in addr = ipv4("198.51.100.7", 0);  // TEST-NET-2: never this host's
+  EXPECT_EQ(rdma_bind_addr(cm.id, sa(addr)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+}
+
+TEST(Cm, AnUnreachableDestinationIsAnAddressError) {
+  Cm cm;
+  sockaddr_in dst = ipv4("198.51.100.7", 7471);
+  ASSERT_EQ(rdma_resolve_addr(cm.id, nullptr, sa(dst), 1000), 0);
+  EXPECT_EQ(cm.expect(RDMA_CM_EVENT_ADDR_ERROR), -EHOSTUNREACH);
+}
+
+TEST(Cm, ANonBlockingChannelSaysEagainAndPollsReady) {
+  Cm cm;
+  ASSERT_EQ(fcntl(cm.ch->fd, F_SETFL, fcntl(cm.ch->fd, F_GETFL) | O_NONBLOCK), 0);
+  rdma_cm_event *e = nullptr;
+  EXPECT_EQ(rdma_get_cm_event(cm.ch, &e), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  pollfd p{cm.ch->fd, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  sockaddr_in dst = ipv4("127.0.0.1", 7471);
+  ASSERT_EQ(rdma_resolve_addr(cm.id, nullptr, sa(dst), 1000), 0);
+  EXPECT_EQ(poll(&p, 1, 1000), 1);
+  ASSERT_EQ(rdma_get_cm_event(cm.ch, &e), 0);
+  EXPECT_EQ(e->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  ASSERT_NE(cm.id->verbs, nullptr);
+  EXPECT_STREQ(ibv_get_device_name(cm.id->verbs->device), "pcientb0");
+  rdma_ack_cm_event(e);
+  EXPECT_EQ(poll(&p, 1, 0), 0);  // nothing left
+}
+
+TEST(Cm, ConnectingToNobodyIsRejectedAtOnce) {
+  Cm cm;
+  ASSERT_NO_FATAL_FAILURE(cm.resolve(9));  // nobody listens on the fabric's port 9
+  rdma_conn_param p{};
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(rdma_connect(cm.id, &p), 0);
+  EXPECT_EQ(cm.expect(RDMA_CM_EVENT_REJECTED), 8);  // IB_CM_REJ_INVALID_SERVICE_ID
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+}
+
+TEST(Cm, PrivateDataBeyondTheRequestsRoomIsInvalid) {
+  Cm cm;
+  ASSERT_NO_FATAL_FAILURE(cm.resolve(9));  // nobody listens on the fabric's port 9
+  char data[57] = {};
+  rdma_conn_param p{};
+  p.private_data = data;
+  p.private_data_len = sizeof data;  // a REQ carries 56 after rdma_cm's header
+  EXPECT_EQ(rdma_connect(cm.id, &p), -1);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+// Request, reply, ready-to-use with private data both ways; then disconnect:
+// both sides see DISCONNECTED once.
+TEST(Cm, ConnectAcceptAndDisconnectCarryPrivateData) {
+  two_process(
+      [](Channel &ch) {
+        const auto port = ch.recv<uint16_t>();
+        Cm cm;
+        cm.resolve(port);
+        if (::testing::Test::HasFatalFailure()) return;
+        ibv_qp_init_attr qa{};
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap = {4, 4, 1, 1, 0};
+        ASSERT_EQ(rdma_create_qp(cm.id, nullptr, &qa), 0);
+        char req[56];
+        std::memset(req, 'q', sizeof req);
+        rdma_conn_param p{};
+        p.private_data = req;
+        p.private_data_len = sizeof req;
+        p.retry_count = 7;
+        p.rnr_retry_count = 7;
+        ASSERT_EQ(rdma_connect(cm.id, &p), 0);
+        rdma_cm_event e{};
+        ASSERT_EQ(cm.expect(RDMA_CM_EVENT_ESTABLISHED, &e), 0);
+        ASSERT_GE(e.param.conn.private_data_len, 100);
+        EXPECT_EQ(static_cast<const char *>(e.param.conn.private_data)[99], 'r');
+        ibv_qp_attr a{};
+        ibv_qp_init_attr ia{};
+        ASSERT_EQ(ibv_query_qp(cm.id->qp, &a, IBV_QP_STATE, &ia), 0);
+        EXPECT_EQ(a.qp_state, IBV_QPS_RTS);
+        ch.wait();  // the server disconnects
+        EXPECT_EQ(cm.expect(RDMA_CM_EVENT_DISCONNECTED), 0);
+        EXPECT_EQ(rdma_disconnect(cm.id), 0);  // after the peer's: still fine
+        rdma_destroy_qp(cm.id);
+      },
+      [](Channel &ch) {
+        Cm listener;
+        ch.send(listener.listen());
+        rdma_cm_event *ev = nullptr;
+        pollfd pf{listener.ch->fd, POLLIN, 0};
+        ASSERT_EQ(poll(&pf, 1, 10000), 1);
+        ASSERT_EQ(rdma_get_cm_event(listener.ch, &ev), 0);
+        ASSERT_EQ(ev->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+        rdma_cm_id *child = ev->id;
+        EXPECT_EQ(ev->listen_id, listener.id);
+        ASSERT_GE(ev->param.conn.private_data_len, 56);
+        EXPECT_EQ(std::string(static_cast<const char *>(ev->param.conn.private_data), 56),
+                  std::string(56, 'q'));
+        rdma_ack_cm_event(ev);
+        ibv_qp_init_attr qa{};
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap = {4, 4, 1, 1, 0};
+        ASSERT_EQ(rdma_create_qp(child, nullptr, &qa), 0);
+        char rep[100];
+        std::memset(rep, 'r', sizeof rep);
+        rdma_conn_param p{};
+        p.private_data = rep;
+        p.private_data_len = sizeof rep;
+        ASSERT_EQ(rdma_accept(child, &p), 0);
+        ASSERT_EQ(poll(&pf, 1, 10000), 1);
+        ASSERT_EQ(rdma_get_cm_event(listener.ch, &ev), 0);
+        EXPECT_EQ(ev->event, RDMA_CM_EVENT_ESTABLISHED);
+        rdma_ack_cm_event(ev);
+        ASSERT_EQ(rdma_disconnect(child), 0);
+        ch.signal();
+        ASSERT_EQ(poll(&pf, 1, 10000), 1);
+        ASSERT_EQ(rdma_get_cm_event(listener.ch, &ev), 0);
+        EXPECT_EQ(ev->event, RDMA_CM_EVENT_DISCONNECTED);
+        rdma_ack_cm_event(ev);
+        rdma_destroy_qp(child);
+        rdma_destroy_id(child);
+      });
+}
+
+// A server that dies with the request unanswered: the client hears of it
+// within a second, not after the CM's retries.
+TEST(Cm, APeerThatDiesMidHandshakeMakesTheConnectionUnreachable) {
+  two_process(
+      [](Channel &ch) {
+        const auto port = ch.recv<uint16_t>();
+        Cm cm;
+        cm.resolve(port);
+        if (::testing::Test::HasFatalFailure()) return;
+        rdma_conn_param p{};
+        ASSERT_EQ(rdma_connect(cm.id, &p), 0);
+        ch.wait();  // the server has the request
+        ch.kill_peer();
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_EQ(cm.expect(RDMA_CM_EVENT_UNREACHABLE), -ETIMEDOUT);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+      },
+      [](Channel &ch) {
+        Cm listener;
+        ch.send(listener.listen());
+        listener.expect(RDMA_CM_EVENT_CONNECT_REQUEST);
+        ch.signal();
+        pause();
+      });
+}
+
+// As with the kernel's rdma_cm: a forked child cannot use its parent's ids,
+// and can make its own.
+TEST(Cm, AForkedChildUsesIdsOfItsOwnOnly) {
+  Cm cm;
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sockaddr_in addr = ipv4("127.0.0.1", 0);
+    const bool inherited_refused = rdma_bind_addr(cm.id, sa(addr)) == -1 && errno == EINVAL;
+    rdma_event_channel *ch = rdma_create_event_channel();
+    rdma_cm_id *id = nullptr;
+    const bool own_works = ch != nullptr && rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0 &&
+                           rdma_bind_addr(id, sa(addr)) == 0;
+    _exit(inherited_refused && own_works ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  sockaddr_in addr = ipv4("127.0.0.1", 0);
+  EXPECT_EQ(rdma_bind_addr(cm.id, sa(addr)), 0);  // the parent's still works
+}
+
+TEST(Cm, MulticastIsNotSupported) {
+  Cm cm(RDMA_PS_UDP);
+  sockaddr_in group = ipv4("224.0.0.1", 0);
+  ASSERT_EQ(rdma_resolve_addr(cm.id, nullptr, sa(group), 1000), 0);
+  ASSERT_EQ(cm.expect(RDMA_CM_EVENT_ADDR_RESOLVED), 0);
+  EXPECT_EQ(rdma_join_multicast(cm.id, sa(group), nullptr), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+}  // namespace
+}  // namespace pcientb::test

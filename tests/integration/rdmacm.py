@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Integration tests of rdma_cm on pcientb0 (librdmacm_glue), with unmodified
+programs from Debian's rdmacm-utils, perftest and libfabric-bin.
+
+  rdmacm.py CASE
+
+Cases (two processes each unless said otherwise):
+  rping            rping -C 1000 -V (data verified by rping)
+  rping.own_qp     rping -q: the program creates and moves its own QP
+                   (CONNECT_RESPONSE, rdma_establish)
+  ucmatose         4 connections, 100 messages each
+  ucmatose.migrate the same with rdma_migrate_id (-m)
+  ucmatose.ipv6    over ::1
+  udaddy           UD: SIDR, 4 endpoints
+  rdma_server      rdma_server/rdma_client (synchronous ids, rdma_create_ep)
+  rdma_xserver     rdma_xserver/rdma_xclient (RC)
+  cmtime           100 connections set up and torn down, timed
+  rstream          rsockets: blocking, then -T n (non-blocking + poll)
+  riostream        rsockets with riowrite (RDMA writes into mapped buffers)
+  ib_write_bw      perftest -R; also ib_read_bw, ib_send_lat
+  ib_read_bw
+  ib_send_lat
+  fi_msg           libfabric verbs fi_pingpong -e msg (also dgram, rdm)
+  fi_dgram
+  fi_rdm
+  no_listener      a connect to a port nobody listens on is REJECTED at once
+  peer_death       the server is SIGKILLed mid-run: the client sees
+                   DISCONNECTED and exits within a second, no hang
+  mckey            multicast is refused with a clear error (EOPNOTSUPP)
+"""
+
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+import itest
+from itest import fail, log
+
+PS_TCP, PS_UDP = 0x106, 0x111
+
+
+def cm_pair(server_argv, client_argv, *, ps=PS_TCP, server_persists=False, port=None):
+    """Server first (until its rdma_cm listener is up), then the client."""
+    port = port or itest.free_port()
+    sub = lambda argv: [a.replace("{port}", str(port)) for a in argv]
+    server = itest.Proc("server", sub(server_argv))
+    if not server.wait_cm_listening(port, ps):
+        server.kill()
+        server.dump()
+        fail(f"server did not listen on rdma_cm port {port}: {server.status()}")
+    client = itest.Proc("client", sub(client_argv))
+    client.wait()
+    if server_persists:
+        server.stop()
+    elif client.rc == 0:
+        server.wait()
+    else:
+        server.wait(timeout=2)
+        server.kill()
+    if client.rc != 0 or (not server_persists and server.rc != 0):
+        server.dump()
+        client.dump()
+        fail(f"server {server.status()}, client {client.status()}")
+    log(f"server {server.status()}, client {client.status()}")
+    return server, client
+
+
+def expect(proc, pattern, what):
+    if not re.search(pattern, proc.output(), re.MULTILINE):
+        proc.dump()
+        fail(f"{proc.name}: {what} (no match for {pattern!r})")
+
+
+def host_address():
+    """A non-loopback IPv4 address of this host (libfabric's verbs skips loopback)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            addr = s.getsockname()[0]
+        if not addr.startswith("127."):
+            return addr
+    except OSError:
+        pass
+    for name in socket.gethostbyname_ex(socket.gethostname())[2]:
+        if not name.startswith("127."):
+            return name
+    return None
+
+
+def rstream_figures(proc):
+    rows = re.findall(r"^\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+[\d.]+s\s+([\d.]+)\s+([\d.]+)\s*$",
+                      proc.output(), re.MULTILINE)
+    if not rows or any(float(gbps) <= 0 for gbps, _ in rows):
+        proc.dump()
+        fail(f"{proc.name}: no transfer figures")
+    return rows
+
+
+def run_case(case):
+    loop = "127.0.0.1"
+    if case == "rping":
+        itest.require_tools("rping")
+        s, c = cm_pair(["rping", "-s", "-a", loop, "-p", "{port}", "-C", "1000", "-V"],
+                       ["rping", "-c", "-a", loop, "-p", "{port}", "-C", "1000", "-V"])
+        itest.check_no_errors([s, c])
+    elif case == "rping.own_qp":
+        itest.require_tools("rping")
+        s, c = cm_pair(["rping", "-s", "-q", "-a", loop, "-p", "{port}", "-C", "100", "-V"],
+                       ["rping", "-c", "-q", "-a", loop, "-p", "{port}", "-C", "100", "-V"])
+        itest.check_no_errors([s, c])
+    elif case.startswith("ucmatose"):
+        itest.require_tools("ucmatose")
+        addr = "::1" if case.endswith("ipv6") else loop
+        extra = ["-m"] if case.endswith("migrate") else []
+        args = ["-p", "{port}", "-c", "4", "-C", "100"] + extra
+        s, c = cm_pair(["ucmatose", "-b", addr] + args, ["ucmatose", "-s", addr] + args)
+        for p in (s, c):
+            expect(p, r"^return status 0$", "did not complete")
+    elif case == "udaddy":
+        itest.require_tools("udaddy")
+        # udaddy has no port option: its port is fixed (7174), the fabric is the test's own.
+        s, c = cm_pair(["udaddy", "-b", loop, "-c", "4"], ["udaddy", "-s", loop, "-c", "4"],
+                       ps=PS_UDP, port=7174)
+        for p in (s, c):
+            expect(p, r"^return status 0$", "did not complete")
+    elif case == "rdma_server":
+        itest.require_tools("rdma_server", "rdma_client")
+        s, c = cm_pair(["rdma_server", "-s", loop, "-p", "{port}"],
+                       ["rdma_client", "-s", loop, "-p", "{port}"])
+        expect(s, r"rdma_server: end 0", "did not end with 0")
+        expect(c, r"rdma_client: end 0", "did not end with 0")
+    elif case == "rdma_xserver":
+        itest.require_tools("rdma_xserver", "rdma_xclient")
+        s, c = cm_pair(["rdma_xserver", "-p", "{port}"],
+                       ["rdma_xclient", "-s", loop, "-p", "{port}"])
+        expect(s, r"rdma_xserver: end 0", "did not end with 0")
+        expect(c, r"rdma_xclient: end 0", "did not end with 0")
+    elif case == "cmtime":
+        itest.require_tools("cmtime")
+        s, c = cm_pair(["cmtime", "-b", loop, "-p", "{port}"],
+                       ["cmtime", "-s", loop, "-p", "{port}", "-c", "100"], server_persists=True)
+        for step in ("resolve addr", "resolve route", "create qp", "connect", "disconnect",
+                     "destroy"):
+            expect(c, rf"^{step}\s*:\s+[\d.]+", f"no '{step}' timing")
+        itest.check_no_errors([c])
+    elif case in ("rstream", "riostream"):
+        itest.require_tools(case)
+        for opts in ([], ["-T", "n"]) if case == "rstream" else ([],):
+            args = ["-p", "{port}"] + opts
+            s, c = cm_pair([case, "-b", loop] + args, [case, "-s", loop] + args)
+            itest.check_no_errors([s, c])
+            for gbps, usec in rstream_figures(c):
+                log(f"{case} {' '.join(opts)}: {gbps} Gb/s, {usec} us/xfer")
+    elif case in ("ib_write_bw", "ib_read_bw", "ib_send_lat"):
+        itest.require_tools(case)
+        extra = ["-n", "1000"] if case == "ib_send_lat" else ["-D", "1"]
+        s, c = cm_pair([case, "-R", "-F", "-p", "{port}"] + extra,
+                       [case, "-R", "-F", "-p", "{port}"] + extra + [loop])
+        itest.check_no_errors([s, c], allow=[r"Conflicting CPU frequency"])
+        expect(c, r"^\s*\d+\s+\d+\s+[\d.]+\s+[\d.]+", "printed no result line")
+    elif case.startswith("fi_"):
+        itest.require_tools("fi_pingpong")
+        addr = host_address()
+        if addr is None:
+            log("no non-loopback IPv4 address: libfabric's verbs provider has nothing to use")
+            sys.exit(77)
+        ep = case[3:]
+        args = ["-p", "verbs", "-e", ep, "-I", "200", "-S", "4096", "-c"]
+        s, c = itest.run_pair(["fi_pingpong", "-B", "{port}"] + args,
+                              ["fi_pingpong", "-P", "{port}"] + args + [addr])
+        itest.check_no_errors([s, c])
+        expect(c, r"^4k\s+200\s+=200\s+", "did not move 200 x 4 KiB")
+    elif case == "no_listener":
+        itest.require_tools("rping")
+        c = itest.Proc("client", ["rping", "-c", "-a", loop, "-p", str(itest.free_port()),
+                                  "-C", "10"])
+        c.wait()
+        if c.rc == 0 or c.elapsed > 5:
+            c.dump()
+            fail(f"a connect with no listener: {c.status()} (expected a prompt failure)")
+        expect(c, r"RDMA_CM_EVENT_REJECTED", "was not REJECTED")
+    elif case == "peer_death":
+        itest.require_tools("rping")
+        port = itest.free_port()
+        s = itest.Proc("server", ["rping", "-s", "-a", loop, "-p", str(port), "-C", "100000000"])
+        if not s.wait_cm_listening(port):
+            s.kill()
+            s.dump()
+            fail("server did not listen")
+        c = itest.Proc("client", ["rping", "-c", "-a", loop, "-p", str(port), "-C", "100000000"])
+        time.sleep(1.5)
+        if c.poll() is not None:
+            c.dump()
+            fail(f"client ended before the server was killed: {c.status()}")
+        s.kill(signal.SIGKILL)
+        killed_at = time.monotonic()
+        c.wait(timeout=10)
+        if c.rc is None:
+            c.kill()
+            c.dump()
+            fail("client still running 10 s after its server was killed")
+        took = time.monotonic() - killed_at
+        log(f"client ended {took:.3f}s after the server's SIGKILL: {c.status()}")
+        expect(c, r"DISCONNECT EVENT|RDMA_CM_EVENT_DISCONNECTED|completion.*error|status",
+               "did not report the disconnection")
+        if took > 2:
+            fail(f"client took {took:.1f}s to notice its peer's death")
+    elif case == "mckey":
+        itest.require_tools("mckey")
+        c = itest.Proc("client", ["mckey", "-m", "224.0.0.1", "-b", loop, "-s", "-C", "1"])
+        c.wait()
+        if c.rc == 0:
+            c.dump()
+            fail("mckey succeeded: pcientb has no multicast")
+        expect(c, r"join.*Operation not supported", "no clear error for multicast")
+    else:
+        print(__doc__)
+        sys.exit(2)
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        sys.exit(2)
+    itest.main(lambda: run_case(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()
