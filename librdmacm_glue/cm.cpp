@@ -156,12 +156,20 @@ State &state() {
 constexpr int kMaxFd = 1 << 16;
 std::atomic<ino_t> g_fd_ino[kMaxFd];
 std::atomic<bool> g_any_channel{false};
-std::mutex g_ino_mu;
-std::vector<ino_t> g_channel_inos;
+struct Inodes {
+  std::mutex mu;
+  std::vector<ino_t> live;
+};
+
+// Never destroyed: the service thread may close a channel during exit().
+Inodes &inodes() {
+  static auto *i = new Inodes;
+  return *i;
+}
 
 bool channel_inode(ino_t ino) {
-  const std::lock_guard<std::mutex> g(g_ino_mu);
-  return std::find(g_channel_inos.begin(), g_channel_inos.end(), ino) != g_channel_inos.end();
+  const std::lock_guard<std::mutex> g(inodes().mu);
+  return std::find(inodes().live.begin(), inodes().live.end(), ino) != inodes().live.end();
 }
 
 // --- helpers ------------------------------------------------------------------
@@ -360,8 +368,8 @@ void destroy_channel(State &s, uint64_t serial) {
   for (uint32_t h : handles) destroy_id(s, h, -1);
   close_fd(s, ch->hub);
   {
-    const std::lock_guard<std::mutex> g(g_ino_mu);
-    std::erase(g_channel_inos, ch->ino);
+    const std::lock_guard<std::mutex> g(inodes().mu);
+    std::erase(inodes().live, ch->ino);
   }
   s.channels.erase(it);
 }
@@ -1188,8 +1196,8 @@ int open_channel(int open_flags) {
   watch(s, hub, key(kHub, ch->serial));
   g_fd_ino[sv[0]].store(ch->ino);
   {
-    const std::lock_guard<std::mutex> ig(g_ino_mu);
-    g_channel_inos.push_back(ch->ino);
+    const std::lock_guard<std::mutex> ig(inodes().mu);
+    inodes().live.push_back(ch->ino);
   }
   g_any_channel.store(true);
   s.channels[ch->serial] = std::move(ch);

@@ -19,6 +19,7 @@ PACKAGES=(
   libibverbs-dev ibverbs-utils ibverbs-providers rdma-core
   perftest qperf python3-pyverbs python3-matplotlib
   ucx-utils openmpi-bin mpich netpipe-openmpi netpipe-mpich2 hpcc python3-mpi4py
+  librdmacm-dev rdmacm-utils libfabric-bin
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy
 )

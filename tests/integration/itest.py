@@ -231,6 +231,22 @@ class Proc:
         sys.stdout.write(self.output())
         print(f"----- end of {self.name}", flush=True)
 
+    def wait_cm_listening(self, port, ps=0x106, timeout=None):
+        """True once a pcientb rdma_cm listener is on (port space, port) of this
+        fabric (librdmacm_glue: an abstract AF_UNIX name that listens)."""
+        name = f"@pcientb-cm/{fabric()}/{ps:x}/{port}"
+        deadline = time.monotonic() + (timeout if timeout is not None else 30)
+        while time.monotonic() < deadline:
+            if self.poll() is not None:
+                return False
+            with open("/proc/net/unix") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) >= 8 and fields[7] == name and fields[3] == "00010000":
+                        return True
+            time.sleep(0.02)
+        return False
+
     def wait_listening(self, port, timeout=None):
         """True once this process listens on TCP `port` (it owns the socket)."""
         deadline = time.monotonic() + (timeout if timeout is not None else 30)
@@ -272,23 +288,28 @@ BIND_ERRORS = re.compile(r"address already in use|couldn'?t listen|bind", re.IGN
 
 
 def run_pair(server_argv, client_argv, *, port_placeholder="{port}", timeout=None,
-             server_persists=False, env=None, listen_timeout=30, attempts=3):
+             server_persists=False, env=None, listen_timeout=30, attempts=3, port=None,
+             ready=None):
     """Start the server, wait until it listens, run the client, then reap both.
 
-    `{port}` in either argv is replaced by a free port. When the server fails to
-    bind (another process took the port in between) it is retried on a new port.
-    Returns (server, client) Proc objects; raises TestFailure after dumping both
-    outputs when either fails (exit status, time limit).
+    `{port}` in either argv is replaced by `port`, or a free port. When the
+    server fails to bind (another process took the port in between) it is
+    retried on a new port. `ready(server, port, timeout)` says when the server
+    listens (default: on that TCP port). Returns (server, client) Proc objects;
+    raises TestFailure after dumping both outputs when either fails (exit
+    status, time limit).
     """
+    ready = ready or (lambda proc, p, t: proc.wait_listening(p, t))
     for attempt in range(attempts):
-        port = free_port()
+        port = port or free_port()
         sub = lambda argv: [a.replace(port_placeholder, str(port)) for a in argv]
         server = Proc("server", sub(server_argv), timeout=timeout, env=env)
-        if not server.wait_listening(port, listen_timeout):
+        if not ready(server, port, listen_timeout):
             server.kill()
             text = server.output()
             if server.rc not in (None, 0) and BIND_ERRORS.search(text) and attempt + 1 < attempts:
                 log(f"server could not use port {port}; retrying on another")
+                port = None
                 continue
             server.dump()
             fail(f"server did not start listening on port {port}: {server.status()}")

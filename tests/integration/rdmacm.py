@@ -44,28 +44,8 @@ PS_TCP, PS_UDP = 0x106, 0x111
 
 def cm_pair(server_argv, client_argv, *, ps=PS_TCP, server_persists=False, port=None):
     """Server first (until its rdma_cm listener is up), then the client."""
-    port = port or itest.free_port()
-    sub = lambda argv: [a.replace("{port}", str(port)) for a in argv]
-    server = itest.Proc("server", sub(server_argv))
-    if not server.wait_cm_listening(port, ps):
-        server.kill()
-        server.dump()
-        fail(f"server did not listen on rdma_cm port {port}: {server.status()}")
-    client = itest.Proc("client", sub(client_argv))
-    client.wait()
-    if server_persists:
-        server.stop()
-    elif client.rc == 0:
-        server.wait()
-    else:
-        server.wait(timeout=2)
-        server.kill()
-    if client.rc != 0 or (not server_persists and server.rc != 0):
-        server.dump()
-        client.dump()
-        fail(f"server {server.status()}, client {client.status()}")
-    log(f"server {server.status()}, client {client.status()}")
-    return server, client
+    return itest.run_pair(server_argv, client_argv, server_persists=server_persists, port=port,
+                          ready=lambda proc, p, t: proc.wait_cm_listening(p, ps, t))
 
 
 def expect(proc, pattern, what):

@@ -25,6 +25,7 @@ constexpr uint32_t kMaxPds = 1 << 20, kMaxCqs = 4096, kMaxSrqs = 4096, kMaxAhs =
 constexpr uint32_t kQuotaLimit[kQuotas] = {kMaxPds, kMaxCqs, kMaxSrqs, kMaxAhs};
 constexpr uint32_t kMaxSge = 16;
 constexpr uint32_t kMaxInline = 512;
+constexpr uint32_t kMinInline = 64;  // what every QP takes inline, whatever it asked
 constexpr uint32_t kMaxQpWr = 16384;
 constexpr uint32_t kMaxCqe = 1u << 20;
 constexpr uint32_t kMaxSrqWr = 32768;

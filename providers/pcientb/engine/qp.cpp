@@ -152,6 +152,9 @@ Qp *create_qp(Context *ctx, ibv_qp_init_attr_ex *a, int *err) {
   qp->sig_all = a->sq_sig_all;
   c.max_send_wr = std::max<uint32_t>(c.max_send_wr, 1);
   c.max_send_sge = std::max<uint32_t>(c.max_send_sge, 1);
+  // As an HCA's send WQE holds some inline data whatever was asked (mlx5:
+  // ~60 B): rdma_xclient and others send 16 B inline from a QP created with 0.
+  c.max_inline_data = std::max<uint32_t>(c.max_inline_data, kMinInline);
   if (qp->srq) {
     c.max_recv_wr = 0;
     c.max_recv_sge = 0;

@@ -395,26 +395,45 @@ using namespace pcientb::engine;
 // The device node of the one emulated device (dev_path; UCX looks for it).
 constexpr const char kEmuDevicePath[] = "/dev/infiniband/uverbs-pcientb0";
 
-PCIENTB_EXPORT ibv_device **pcientb_emu_device_list(int *num) {
-  auto **list = static_cast<ibv_device **>(calloc(2, sizeof(ibv_device *)));
-  auto *dev = static_cast<verbs_device *>(calloc(1, sizeof(verbs_device)));
-  if (!list || !dev) {
-    free(list);
-    free(dev);
-    errno = ENOMEM;
-    return nullptr;
-  }
-  ibv_device &d = dev->device;
+// The emulated device: the same object in every list of a process (as
+// libibverbs keeps a device while it exists), since librdmacm tells devices
+// apart by pointer and a new one per list would make it reopen the device
+// under programs that hold its contexts (libfabric). A forked child is a node
+// of its own, with another GUID: it gets a new object, which librdmacm then
+// takes for a new device. Devices are never freed (contexts may hold them).
+verbs_device *emu_device() {
+  static std::mutex mu;
+  static verbs_device *dev = nullptr;
+  static pid_t owner = 0;
+  const std::lock_guard<std::mutex> g(mu);
+  if (dev && owner == getpid()) return dev;
+  auto *v = static_cast<verbs_device *>(calloc(1, sizeof(verbs_device)));
+  if (!v) return nullptr;
+  ibv_device &d = v->device;
   d.node_type = IBV_NODE_CA;
   d.transport_type = IBV_TRANSPORT_IB;
   snprintf(d.name, sizeof d.name, "pcientb0");
   snprintf(d.dev_name, sizeof d.dev_name, "uverbs-pcientb0");
   snprintf(d.dev_path, sizeof d.dev_path, "%s", kEmuDevicePath);
   snprintf(d.ibdev_path, sizeof d.ibdev_path, "/sys/class/infiniband/pcientb0");
-  dev->ops = &kDeviceOps;
-  dev->refcount.store(1);
-  dev->entry.next = dev->entry.prev = &dev->entry;
-  list[0] = &d;
+  v->ops = &kDeviceOps;
+  v->refcount.store(1);  // the provider's, never dropped
+  v->entry.next = v->entry.prev = &v->entry;
+  dev = v;
+  owner = getpid();
+  return dev;
+}
+
+PCIENTB_EXPORT ibv_device **pcientb_emu_device_list(int *num) {
+  auto **list = static_cast<ibv_device **>(calloc(2, sizeof(ibv_device *)));
+  verbs_device *dev = emu_device();
+  if (!list || !dev) {
+    free(list);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  dev->refcount.fetch_add(1);
+  list[0] = &dev->device;
   if (num) *num = 1;
   return list;
 }

@@ -19,7 +19,17 @@ set(expected
   "GLIBC_2.2.5 __xstat"
   "GLIBC_2.2.5 __xstat64"
   "GLIBC_2.33 stat"
-  "GLIBC_2.33 stat64")
+  "GLIBC_2.33 stat64"
+  "GLIBC_2.2.5 __fxstat"
+  "GLIBC_2.2.5 __fxstat64"
+  "GLIBC_2.2.5 open"
+  "GLIBC_2.2.5 open64"
+  "GLIBC_2.2.5 write"
+  "GLIBC_2.2.5 close"
+  "GLIBC_2.4 openat"
+  "GLIBC_2.4 openat64"
+  "GLIBC_2.33 fstat"
+  "GLIBC_2.33 fstat64")
 if(NOT OBJDUMP)
   set(OBJDUMP objdump)
 endif()
