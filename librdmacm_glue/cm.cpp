@@ -132,8 +132,19 @@ struct Pending {  // a connection accepted by a listener, its REQ not read yet
   uint32_t listener = 0;
 };
 
+// An event of address or route resolution, reported by the service thread as
+// the kernel reports it from its work queue: after the command has returned.
+// librdmacm writes the id's route after RESOLVE_IP's write() returns, while a
+// program's event thread may already read it on ADDR_RESOLVED (rping does).
+struct Deferred {
+  uint32_t handle;
+  uint32_t event;
+  int status;
+};
+
 struct State {
   std::mutex mu;
+  std::deque<Deferred> deferred;
   std::map<uint32_t, std::unique_ptr<Id>> ids;
   std::map<uint64_t, std::unique_ptr<Channel>> channels;
   std::map<uint64_t, Pending> pending;
@@ -238,6 +249,11 @@ Event &push(Id &id, uint32_t event, int status) {
   e.counted_on = id.handle;
   set_token(ch, true, -1);
   return e;
+}
+
+void defer(State &s, Id &id, uint32_t event, int status) {
+  s.deferred.push_back(Deferred{id.handle, event, status});
+  wake(s);
 }
 
 void copy_private(uint8_t *dst_data, uint8_t *dst_len, const Msg &m) {
@@ -431,7 +447,7 @@ int resolve_addr(State &s, Id &id, const sockaddr *src, const sockaddr *dst) {
   if (dst->sa_family != AF_INET && dst->sa_family != AF_INET6) return EAFNOSUPPORT;
   if (id.st != St::kIdle && id.st != St::kBound) return EINVAL;
   if (!(is_local_address(dst) || is_multicast(dst)) || local_device() == nullptr) {
-    push(id, kEvAddrError, -EHOSTUNREACH);
+    defer(s, id, kEvAddrError, -EHOSTUNREACH);
     return 0;
   }
   sockaddr_in6 d{};
@@ -461,7 +477,7 @@ int resolve_addr(State &s, Id &id, const sockaddr *src, const sockaddr *dst) {
   id.dst = d;
   id.has_device = true;
   id.st = St::kAddrResolved;
-  push(id, kEvAddrResolved, 0);
+  defer(s, id, kEvAddrResolved, 0);
   return 0;
 }
 
@@ -870,6 +886,9 @@ void service_loop() {
     int timeout = -1;
     {
       const std::lock_guard<std::mutex> g(s.mu);
+      for (const Deferred &d : s.deferred)
+        if (auto it = s.ids.find(d.handle); it != s.ids.end()) push(*it->second, d.event, d.status);
+      s.deferred.clear();
       const Clock::time_point now = Clock::now();
       for (auto &[h, id] : s.ids) {
         if (id->deadline == Clock::time_point{}) continue;
@@ -905,6 +924,7 @@ void after_fork_child() {
     if (id->port_fd >= 0) close(id->port_fd);
   }
   s.ids.clear();
+  s.deferred.clear();
   for (auto &[serial, p] : s.pending) close(p.fd);
   s.pending.clear();
   for (auto &[serial, ch] : s.channels) {
@@ -1050,7 +1070,7 @@ int run(State &s, std::unique_lock<std::mutex> &l, Channel *ch, int fd, const rd
       if (id == nullptr) return ENOENT;
       if (id->st != St::kAddrResolved && id->st != St::kRouteResolved) return EINVAL;
       id->st = St::kRouteResolved;
-      push(*id, kEvRouteResolved, 0);
+      defer(s, *id, kEvRouteResolved, 0);
       return 0;
     }
     case RDMA_USER_CM_CMD_QUERY_ROUTE: {
@@ -1239,6 +1259,7 @@ ssize_t execute(int fd, const void *buf, size_t len) {
     errno = EINVAL;
     return -1;
   }
+  open_local_device();  // before the lock (device.hpp)
   State &s = state();
   std::unique_lock<std::mutex> l(s.mu);
   Channel *ch = channel_of_fd(s, fd);

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -46,23 +47,34 @@ bool open_device(Device *d) {
   return true;
 }
 
+struct Opened {
+  std::mutex mu;
+  Device device;
+  std::atomic<pid_t> by{0};  // the process that opened it (a forked child opens its own)
+  bool ok = false;
+};
+
+Opened &opened() {
+  static auto *o = new Opened;  // never destroyed: the CM's service thread may ask during exit()
+  return *o;
+}
+
 }  // namespace
 
+void open_local_device() {
+  Opened &o = opened();
+  if (o.by.load(std::memory_order_acquire) == getpid()) return;
+  const std::lock_guard<std::mutex> g(o.mu);
+  if (o.by.load(std::memory_order_relaxed) == getpid()) return;
+  o.device = Device{};
+  o.ok = open_device(&o.device);
+  o.by.store(getpid(), std::memory_order_release);
+}
+
 const Device *local_device() {
-  static std::mutex mu;
-  static Device device;
-  static bool opened = false;
-  static pid_t opened_by = 0;
-  const std::lock_guard<std::mutex> g(mu);
-  // A forked child is a node of its own: what its parent opened is not it.
-  if (opened && opened_by != getpid()) opened = false;
-  if (!opened) {
-    device = Device{};
-    opened = open_device(&device);
-    opened_by = getpid();
-  }
-  if (!opened) return nullptr;
-  return &device;
+  Opened &o = opened();
+  if (o.by.load(std::memory_order_acquire) != getpid() || !o.ok) return nullptr;
+  return &o.device;
 }
 
 }  // namespace pcientb::cm

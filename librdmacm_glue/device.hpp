@@ -15,9 +15,13 @@ struct Device {
   uint8_t max_dest_rd_atomic = 0;
 };
 
-// The first pcientb device of this process, opened once and kept open: the
+// Opens the first pcientb device of this process once and keeps it open: the
 // fabric node (and its LID) is the one the program's own contexts share.
-// nullptr when there is none (errno set).
+// Called without the CM's lock held: opening a device takes the provider's
+// locks, which fork handlers take before the CM's.
+void open_local_device();
+
+// What open_local_device() found in this process; nullptr when there is none.
 const Device *local_device();
 
 }  // namespace pcientb::cm

@@ -6,12 +6,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "verbs_helpers.hpp"
 
@@ -135,6 +137,41 @@ std::map<std::string, uint64_t> stats_of(const std::string &path, pid_t pid) {
         fields[w.substr(0, eq)] = std::strtoull(w.c_str() + eq + 1, nullptr, 10);
   }
   return fields;
+}
+
+// Registration moves the pages under the buffer onto shared memory. Another
+// thread storing into the same page meanwhile (heap data next to a small
+// buffer) must not lose a store: each of its stores is checked afterwards.
+TEST(MrCache, StoresByAnotherThreadIntoAPageBeingRegisteredAreKept) {
+  use_private_fabric();
+  ContextPtr ctx = open_device();
+  PdPtr pd = alloc_pd(ctx.get());
+  constexpr size_t kSlots = 4096 / sizeof(uint64_t) - 8;  // the buffer takes the last 64 B
+  int lost_rounds = 0;
+  for (int round = 0; round < 100; ++round) {
+    uint8_t *page = map_anon(4096);
+    auto *slots = reinterpret_cast<volatile uint64_t *>(page);
+    std::atomic<bool> started{false};
+    std::thread writer([&] {
+      for (size_t i = 0; i < kSlots; ++i) {
+        slots[i] = i + 1;
+        if (i == 0) started.store(true, std::memory_order_release);
+        // ~1 ms in all: longer than a registration, so stores fall in the move.
+        for (int spin = 0; spin < 1000; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
+      }
+    });
+    while (!started.load(std::memory_order_acquire)) {
+    }
+    ibv_mr *mr = ibv_reg_mr(pd.get(), page + 4096 - 64, 64, IBV_ACCESS_LOCAL_WRITE);
+    writer.join();
+    ASSERT_NE(mr, nullptr) << std::strerror(errno);
+    size_t lost = 0;
+    for (size_t i = 0; i < kSlots; ++i) lost += slots[i] != i + 1;
+    lost_rounds += lost != 0;
+    ibv_dereg_mr(mr);
+    munmap(page, 4096);
+  }
+  EXPECT_EQ(lost_rounds, 0) << "rounds of 100 in which a store was lost";
 }
 
 TEST(Counters, EachNodeReportsWhatItsWorkRequestsMovedWhenItLeaves) {

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "fabric/emu/kernel_vm.hpp"
+#include "fabric/emu/move_guard.hpp"
 #include "fabric/fabric.hpp"
 
 namespace pcientb::fabric {
@@ -755,24 +756,23 @@ int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
     close(fd);
     return e;
   }
-  // Whole pages, beyond the caller's buffer: a kernel copy, which sanitizers
-  // do not take for an overflow of the buffer.
-  struct iovec to {
-    tmp, len
-  }, from{reinterpret_cast<void *>(va), len};
-  if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) != static_cast<ssize_t>(len)) {
-    int e = errno ? errno : EFAULT;
+  // Copy, then atomically replace the private pages at va with the shared
+  // copy; other threads' stores in between wait (move_guard.hpp).
+  const int moved = emu::guarded_move(va, len, [&]() -> int {
+    // Whole pages, beyond the caller's buffer: a kernel copy, which
+    // sanitizers do not take for an overflow of the buffer.
+    struct iovec to {
+      tmp, len
+    }, from{reinterpret_cast<void *>(va), len};
+    if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) != static_cast<ssize_t>(len))
+      return errno ? errno : EFAULT;
+    if (kernel::mremap_fixed(tmp, len, reinterpret_cast<void *>(va)) == MAP_FAILED) return errno;
+    return 0;
+  });
+  if (moved != 0) {
     kernel::munmap(tmp, len);
     close(fd);
-    return e;
-  }
-  // Atomically replaces the private pages at va with the shared copy.
-  void *at = kernel::mremap_fixed(tmp, len, reinterpret_cast<void *>(va));
-  if (at == MAP_FAILED) {
-    int e = errno;
-    kernel::munmap(tmp, len);
-    close(fd);
-    return e;
+    return moved;
   }
   ChunkEntry &c = hdr_->chunks[*idx];
   c.fd = fd;
