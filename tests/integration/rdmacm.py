@@ -16,7 +16,10 @@ Cases (two processes each unless said otherwise):
   rdma_xserver     rdma_xserver/rdma_xclient (RC)
   cmtime           100 connections set up and torn down, timed
   rstream          rsockets: blocking, then -T n (non-blocking + poll)
-  riostream        rsockets with riowrite (RDMA writes into mapped buffers)
+  riostream        rsockets with riowrite (RDMA writes into mapped buffers, whose
+                   last byte each side polls and rewrites at once: a WRITE must
+                   store each byte once, the last ones last; 100,000 ping-pongs
+                   of 64 B among its tests)
   ib_write_bw      perftest -R; also ib_read_bw, ib_send_lat
   ib_read_bw
   ib_send_lat

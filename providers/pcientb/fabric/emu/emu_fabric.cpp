@@ -35,6 +35,7 @@
 
 #include <dirent.h>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -180,6 +181,22 @@ uint64_t fd_ino(int fd) {
 // it maps too, carry their owners' pids.
 void own_chunk_name(char *out, size_t n, pid_t pid) {
   snprintf(out, n, "pcientb-mr-%d", pid);
+}
+
+// The bytes of an RDMA WRITE land once each, the last ones last, as an HCA's
+// DMA writes them: programs poll the last byte of a buffer for the arrival of
+// the whole (riostream, rsockets' riowrite). glibc's memcpy stores some bytes
+// twice (all 64 of a 64-byte copy), so a target that saw the last byte and
+// wrote it at once (a ping-pong marker) could see its own store undone.
+constexpr size_t kLastBytes = 8;
+
+void ordered_copy(void *dst, const void *src, size_t n) {
+  auto *d = static_cast<uint8_t *>(dst);
+  const auto *s = static_cast<const uint8_t *>(src);
+  const size_t head = n > kLastBytes ? n - kLastBytes : 0;
+  memcpy(d, s, head);
+  std::atomic_thread_fence(std::memory_order_release);  // x86 keeps stores in order
+  for (size_t i = head; i < n; ++i) reinterpret_cast<volatile uint8_t *>(d)[i] = s[i];
 }
 
 // Whether every page of [a, b) may move onto a memfd: private anonymous
@@ -928,18 +945,25 @@ const WindowEntry *EmuFabric::window(EmuPeer &p, WindowId w, uint32_t *gen) {
 }
 
 MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len, bool to_peer) {
+  auto *remote = reinterpret_cast<uint8_t *>(raddr);
+  auto *mine = static_cast<uint8_t *>(local);
   if (p.self) {
-    if (to_peer)
-      memmove(reinterpret_cast<void *>(raddr), local, len);
+    const bool overlap = remote < mine + len && mine < remote + len;
+    if (!to_peer)
+      memmove(mine, remote, len);
+    else if (overlap)
+      memmove(remote, mine, len);
     else
-      memmove(local, reinterpret_cast<void *>(raddr), len);
+      ordered_copy(remote, mine, len);
     return MoveStatus::ok;
   }
-  struct iovec l {
-    local, len
-  }, r{reinterpret_cast<void *>(raddr), len};
-  ssize_t n = to_peer ? process_vm_writev(p.pid, &l, 1, &r, 1, 0)
-                      : process_vm_readv(p.pid, &l, 1, &r, 1, 0);
+  // To a peer: the last bytes in an iovec of their own, copied after the rest.
+  const size_t head = to_peer && len > kLastBytes ? len - kLastBytes : len;
+  struct iovec l[2] = {{mine, head}, {mine + head, len - head}};
+  struct iovec r[2] = {{remote, head}, {remote + head, len - head}};
+  const unsigned long cnt = head < len ? 2 : 1;
+  ssize_t n = to_peer ? process_vm_writev(p.pid, l, cnt, r, cnt, 0)
+                      : process_vm_readv(p.pid, l, cnt, r, cnt, 0);
   if (n == static_cast<ssize_t>(len)) return MoveStatus::ok;
   if (n < 0 && errno == ESRCH) {
     p.mark_dead();
@@ -972,7 +996,7 @@ MoveStatus EmuFabric::write(Peer &pp, WindowId w, uint64_t raddr, const void *sr
   auto *s = static_cast<const uint8_t *>(src);
   return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
     if (!at) return copy_move(p, raddr, const_cast<uint8_t *>(s), len, true);
-    memcpy(at, s + off, n);
+    ordered_copy(at, s + off, n);
     return MoveStatus::ok;
   });
 }
