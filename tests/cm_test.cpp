@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <sys/epoll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -158,6 +159,36 @@ TEST(Cm, ANonBlockingChannelSaysEagainAndPollsReady) {
   EXPECT_STREQ(ibv_get_device_name(cm.id->verbs->device), "pcientb0");
   rdma_ack_cm_event(e);
   EXPECT_EQ(poll(&p, 1, 0), 0);  // nothing left
+}
+
+// The descriptor behaves as the kernel's for an event loop (libfabric, UCX):
+// epoll reports it readable while events wait, and a dup of it is the same
+// channel (commands and events through either).
+TEST(Cm, EpollSeesEventsAndADupIsTheSameChannel) {
+  Cm cm;
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(ep, 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, cm.ch->fd, &ev), 0);
+  epoll_event out{};
+  EXPECT_EQ(epoll_wait(ep, &out, 1, 0), 0);
+  const int original = cm.ch->fd;
+  const int copy = dup(original);
+  ASSERT_GE(copy, 0);
+  cm.ch->fd = copy;  // librdmacm now writes its commands to the dup
+  sockaddr_in dst = ipv4("127.0.0.1", 7471);
+  ASSERT_EQ(rdma_resolve_addr(cm.id, nullptr, sa(dst), 1000), 0);
+  EXPECT_EQ(epoll_wait(ep, &out, 1, 2000), 1);  // registered with the original
+  EXPECT_EQ(cm.expect(RDMA_CM_EVENT_ADDR_RESOLVED), 0);
+  EXPECT_EQ(epoll_wait(ep, &out, 1, 0), 0);
+  struct stat st {};
+  ASSERT_EQ(fstat(copy, &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  close(original);
+  ASSERT_EQ(rdma_resolve_route(cm.id, 1000), 0);  // the channel lives on in the dup
+  EXPECT_EQ(cm.expect(RDMA_CM_EVENT_ROUTE_RESOLVED), 0);
+  close(ep);
 }
 
 TEST(Cm, ConnectingToNobodyIsRejectedAtOnce) {
