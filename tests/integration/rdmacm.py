@@ -169,28 +169,32 @@ def run_case(case):
         itest.require_tools("rping")
         port = itest.free_port()
         s = itest.Proc("server", ["rping", "-s", "-a", loop, "-p", str(port), "-C", "100000000"])
-        if not s.wait_cm_listening(port):
-            s.kill()
-            s.dump()
-            fail("server did not listen")
-        c = itest.Proc("client", ["rping", "-c", "-a", loop, "-p", str(port), "-C", "100000000"])
-        time.sleep(1.5)
-        if c.poll() is not None:
-            c.dump()
-            fail(f"client ended before the server was killed: {c.status()}")
-        s.kill(signal.SIGKILL)
-        killed_at = time.monotonic()
-        c.wait(timeout=10)
-        if c.rc is None:
-            c.kill()
-            c.dump()
-            fail("client still running 10 s after its server was killed")
-        took = time.monotonic() - killed_at
-        log(f"client ended {took:.3f}s after the server's SIGKILL: {c.status()}")
-        expect(c, r"DISCONNECT EVENT|RDMA_CM_EVENT_DISCONNECTED|completion.*error|status",
-               "did not report the disconnection")
-        if took > 2:
-            fail(f"client took {took:.1f}s to notice its peer's death")
+        c = None
+        try:
+            if not s.wait_cm_listening(port):
+                s.dump()
+                fail("server did not listen")
+            c = itest.Proc("client", ["rping", "-c", "-a", loop, "-p", str(port), "-C", "100000000"])
+            time.sleep(1.5)
+            if c.poll() is not None:
+                c.dump()
+                fail(f"client ended before the server was killed: {c.status()}")
+            s.kill(signal.SIGKILL)
+            killed_at = time.monotonic()
+            c.wait(timeout=10)
+            if c.rc is None:
+                c.dump()
+                fail("client still running 10 s after its server was killed")
+            took = time.monotonic() - killed_at
+            log(f"client ended {took:.3f}s after the server's SIGKILL: {c.status()}")
+            expect(c, r"DISCONNECT EVENT|RDMA_CM_EVENT_DISCONNECTED|completion.*error|status",
+                   "did not report the disconnection")
+            if took > 2:
+                fail(f"client took {took:.1f}s to notice its peer's death")
+        finally:  # nothing left running, whatever failed
+            for p in (c, s):
+                if p is not None:
+                    p.kill()
     elif case == "mckey":
         itest.require_tools("mckey")
         c = itest.Proc("client", ["mckey", "-m", "224.0.0.1", "-b", loop, "-s", "-C", "1"])
