@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -234,7 +235,8 @@ constexpr uint64_t kMembershipPeriodNs = 1000000000;
 
 void Node::wake() {
   uint64_t one = 1;
-  if (::write(wake_fd_, &one, sizeof one) < 0) {
+  // The kernel's write, not libc's interposed one (see EmuFabric::ring).
+  if (syscall(SYS_write, wake_fd_, &one, sizeof one) < 0) {
     // The counter is saturated only if the thread is already awake.
   }
 }

@@ -106,17 +106,23 @@ bool handler_installed() {
   return sigaction(SIGSEGV, nullptr, &cur) == 0 && ours(cur);
 }
 
-// Whether [va, va + len) holds part of the calling thread's stack.
+// Whether [va, va + len) holds part of the calling thread's stack. The bounds
+// are looked up once per thread: for the main thread pthread_getattr_np reads
+// /proc/self/maps, too slow to do on every registration.
 bool on_own_stack(uint64_t va, uint64_t len) {
-  pthread_attr_t attr;
-  if (pthread_getattr_np(pthread_self(), &attr) != 0) return true;
-  void *base = nullptr;
-  size_t size = 0;
-  const int rc = pthread_attr_getstack(&attr, &base, &size);
-  pthread_attr_destroy(&attr);
-  if (rc != 0) return true;
-  const auto lo = reinterpret_cast<uint64_t>(base);
-  return va < lo + size && lo < va + len;
+  thread_local uint64_t lo = 0, hi = 0;
+  if (hi == 0) {
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return true;
+    void *base = nullptr;
+    size_t size = 0;
+    const int rc = pthread_attr_getstack(&attr, &base, &size);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) return true;
+    lo = reinterpret_cast<uint64_t>(base);
+    hi = lo + size;
+  }
+  return va < hi && lo < va + len;
 }
 
 }  // namespace
