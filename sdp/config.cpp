@@ -1,0 +1,257 @@
+// Configuration from the environment and the switch rules (libsdp style), the decision log
+// and the stats lines.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "sdp.hpp"
+
+extern char *program_invocation_short_name;
+
+namespace sdp {
+namespace {
+
+enum class Use { kSdp, kTcp };
+
+struct Rule {
+  Use use;
+  bool server, client;
+  std::string program;
+  int family = 0;  // 0: any address
+  uint8_t addr[16]{};
+  int prefix = 0;
+  uint16_t port_lo = 0, port_hi = 65535;
+  std::string text;
+};
+
+bool parse_addr_port(const std::string &s, Rule &r) {
+  std::string addr, ports;
+  if (s == "*") return true;
+  if (!s.empty() && s[0] == '[') {  // [v6]/prefix:port
+    auto close = s.find(']');
+    if (close == std::string::npos) return false;
+    addr = s.substr(1, close - 1);
+    std::string rest = s.substr(close + 1);
+    if (!rest.empty() && rest[0] == '/') {
+      auto colon = rest.find(':');
+      addr += rest.substr(0, colon);
+      rest = colon == std::string::npos ? "" : rest.substr(colon);
+    }
+    if (!rest.empty()) {
+      if (rest[0] != ':') return false;
+      ports = rest.substr(1);
+    }
+  } else {
+    auto colon = s.rfind(':');
+    addr = colon == std::string::npos ? s : s.substr(0, colon);
+    if (colon != std::string::npos) ports = s.substr(colon + 1);
+  }
+  if (!addr.empty() && addr != "*") {
+    auto slash = addr.find('/');
+    std::string host = addr.substr(0, slash);
+    if (inet_pton(AF_INET, host.c_str(), r.addr) == 1) {
+      r.family = AF_INET;
+      r.prefix = 32;
+    } else if (inet_pton(AF_INET6, host.c_str(), r.addr) == 1) {
+      r.family = AF_INET6;
+      r.prefix = 128;
+    } else {
+      return false;
+    }
+    if (slash != std::string::npos) r.prefix = atoi(addr.c_str() + slash + 1);
+  }
+  if (!ports.empty() && ports != "*") {
+    auto dash = ports.find('-');
+    r.port_lo = static_cast<uint16_t>(atoi(ports.c_str()));
+    r.port_hi = dash == std::string::npos ? r.port_lo
+                                          : static_cast<uint16_t>(atoi(ports.c_str() + dash + 1));
+  }
+  return true;
+}
+
+// "use sdp|tcp|both server|client|both <program glob> <addr>[/prefix]:<port>[-port]"
+bool parse_rule(const std::string &line, Rule &r) {
+  std::istringstream in(line);
+  std::string kw, use, side, prog, where;
+  if (!(in >> kw >> use >> side >> prog)) return false;
+  if (!(in >> where)) where = "*";
+  if (kw != "use") return false;
+  if (use == "sdp" || use == "both")
+    r.use = Use::kSdp;
+  else if (use == "tcp")
+    r.use = Use::kTcp;
+  else
+    return false;
+  r.server = side == "server" || side == "both";
+  r.client = side == "client" || side == "both";
+  if (!r.server && !r.client) return false;
+  r.program = prog;
+  r.text = line;
+  return parse_addr_port(where, r);
+}
+
+void add_rules(std::vector<Rule> &rules, std::istream &in, const std::string &origin) {
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line, origin == "PCIENTB_SDP_RULES" ? ';' : '\n')) {
+    ++n;
+    auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    auto first = line.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos) continue;
+    line = line.substr(first, line.find_last_not_of(" \t\r\n") - first + 1);
+    Rule r;
+    if (parse_rule(line, r)) {
+      rules.push_back(r);
+    } else {
+      fprintf(stderr,
+              "pcientb-sdp: %s:%d: ignoring rule '%s' (expected: use sdp|tcp|both "
+              "server|client|both <program> <addr>[/prefix]:<port>[-port])\n",
+              origin.c_str(), n, line.c_str());
+    }
+  }
+}
+
+struct State {
+  Config cfg;
+  std::vector<Rule> rules;
+  State() {
+    const char *e;
+    if ((e = getenv("PCIENTB_SDP")) && (!strcmp(e, "off") || !strcmp(e, "0"))) cfg.enabled = false;
+    if ((e = getenv("PCIENTB_SDP_LOG")) && *e && strcmp(e, "0") != 0) cfg.log = true;
+    if ((e = getenv("PCIENTB_SDP_ZCOPY_THRESH")) && *e) cfg.zcopy_thresh = atoi(e);
+    if ((e = getenv("PCIENTB_SDP_SPIN_US")) && *e) cfg.spin_us = atoi(e);
+    if ((e = getenv("PCIENTB_SDP_RING")) && *e) {
+      long v = strtol(e, nullptr, 0);
+      if (v >= 65536 && v <= (1L << 30) && (v & (v - 1)) == 0)
+        cfg.ring_bytes = uint32_t(v);
+      else
+        fprintf(stderr,
+                "pcientb-sdp: PCIENTB_SDP_RING=%s ignored (a power of two, 64 KiB..1 GiB)\n", e);
+    }
+    cfg.fabric = (e = getenv("PCIENTB_FABRIC")) && *e ? e : "default";
+    if ((e = getenv("PCIENTB_SDP_STATS"))) cfg.stats_path = e;
+    std::string path = (e = getenv("PCIENTB_SDP_CONFIG")) ? e : "/etc/pcientb/sdp.conf";
+    std::ifstream f(path);
+    if (f)
+      add_rules(rules, f, path);
+    else if (getenv("PCIENTB_SDP_CONFIG"))
+      fprintf(stderr, "pcientb-sdp: PCIENTB_SDP_CONFIG=%s: %s\n", path.c_str(), strerror(errno));
+    if ((e = getenv("PCIENTB_SDP_RULES"))) {
+      std::istringstream in(e);
+      add_rules(rules, in, "PCIENTB_SDP_RULES");
+    }
+  }
+};
+
+State &state() {
+  static State *s = new State();  // never destroyed: used from destructors at exit
+  return *s;
+}
+
+bool addr_matches(const Rule &r, const sockaddr *sa) {
+  if (r.family == 0) return true;
+  const uint8_t *a = nullptr;
+  uint8_t mapped[4];
+  int family = sa->sa_family;
+  if (family == AF_INET) {
+    a = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in *>(sa)->sin_addr);
+  } else {
+    auto *in6 = &reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_addr;
+    if (r.family == AF_INET && IN6_IS_ADDR_V4MAPPED(in6)) {
+      memcpy(mapped, in6->s6_addr + 12, 4);
+      a = mapped;
+      family = AF_INET;
+    } else {
+      a = in6->s6_addr;
+    }
+  }
+  if (family != r.family) return false;
+  int bits = r.prefix;
+  for (int i = 0; bits > 0; ++i, bits -= 8) {
+    uint8_t mask = bits >= 8 ? 0xff : uint8_t(0xff << (8 - bits));
+    if ((a[i] & mask) != (r.addr[i] & mask)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const Config &config() {
+  return state().cfg;
+}
+
+bool rules_allow(Role role, const sockaddr *addr, socklen_t, const char **reason) {
+  if (!config().enabled) {
+    *reason = "disabled";
+    return false;
+  }
+  uint16_t port =
+      ntohs(addr->sa_family == AF_INET ? reinterpret_cast<const sockaddr_in *>(addr)->sin_port
+                                       : reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_port);
+  for (const Rule &r : state().rules) {
+    if (role == Role::kServer ? !r.server : !r.client) continue;
+    if (fnmatch(r.program.c_str(), program_invocation_short_name, 0) != 0) continue;
+    if (port < r.port_lo || port > r.port_hi) continue;
+    if (!addr_matches(r, addr)) continue;
+    if (r.use == Use::kTcp) {
+      *reason = "rule";
+      logf("rule '%s' keeps port %u on TCP", r.text.c_str(), port);
+      return false;
+    }
+    return true;
+  }
+  return true;
+}
+
+void logf(const char *fmt, ...) {
+  if (!config().log) return;
+  char buf[512];
+  int n =
+      snprintf(buf, sizeof buf, "pcientb-sdp: [%d %s] ", getpid(), program_invocation_short_name);
+  va_list ap;
+  va_start(ap, fmt);
+  n += vsnprintf(buf + n, sizeof buf - n - 1, fmt, ap);
+  va_end(ap);
+  if (n > int(sizeof buf) - 2) n = sizeof buf - 2;
+  buf[n++] = '\n';
+  syscall(SYS_write, 2, buf, n);
+}
+
+void die_internal(const char *what) {
+  fprintf(stderr, "pcientb-sdp: internal error: %s\n", what);
+  abort();
+}
+
+void write_stats(Sock &s) {
+  if (s.stats_written) return;
+  s.stats_written = true;
+  const std::string &path = config().stats_path;
+  if (path.empty()) return;
+  char line[512];
+  int n = snprintf(line, sizeof line,
+                   "conn pid=%d prog=%s role=%s path=%s reason=%s bcopy_tx=%llu bcopy_rx=%llu "
+                   "zcopy_tx=%llu zcopy_rx=%llu\n",
+                   getpid(), program_invocation_short_name,
+                   s.role == Role::kServer ? "server" : "client",
+                   s.stats.path == PCIENTB_SDP_PATH_SDP ? "sdp" : "tcp", *s.reason ? s.reason : "-",
+                   (unsigned long long)s.stats.bcopy_tx, (unsigned long long)s.stats.bcopy_rx,
+                   (unsigned long long)s.stats.zcopy_tx, (unsigned long long)s.stats.zcopy_rx);
+  int fd = static_cast<int>(
+      syscall(SYS_openat, AT_FDCWD, path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644));
+  if (fd < 0) return;
+  syscall(SYS_write, fd, line, n);
+  syscall(SYS_close, fd);
+}
+
+}  // namespace sdp

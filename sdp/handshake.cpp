@@ -1,0 +1,379 @@
+// Who gets SDP, and the negotiation over the real TCP connection.
+//
+// A program without the layer must never see a byte of the negotiation, whichever side it
+// is on. So the ends learn about each other before any byte is sent, through names only
+// processes of the same fabric on this host can see (abstract AF_UNIX names, which vanish
+// with their process):
+//   - a listener the rules give to SDP holds  pcientb-sdp/<fabric>/L/<port>;
+//   - a client that finds that name binds its socket and, before connecting, holds
+//     pcientb-sdp/<fabric>/C/<its port>.
+// A client without the name of its server's port stays on TCP without a word; a server that
+// accepts a connection without the client's name does too. Otherwise the client sends Hello
+// (its QP, ring and ack slot) right after connect; the server answers Accept (the same, its
+// QP ready to receive) or Decline (reason); the client answers Confirm (ready too) or Abandon.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "sdp.hpp"
+
+namespace sdp {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'C', 'I', 'E', 'S', 'D', 'P', '1'};
+enum MsgType : uint32_t { kHello = 1, kAccept = 2, kDecline = 3, kConfirm = 4, kAbandon = 5 };
+
+struct HsMsg {
+  char magic[8];
+  uint32_t type;
+  uint32_t reason;  // Decline/Abandon: an errno value
+  char fabric[64];
+  LinkInfo info;
+};
+
+constexpr int kHandshakeMs = 5000;
+
+uint16_t port_of(const sockaddr *sa) {
+  return ntohs(sa->sa_family == AF_INET ? reinterpret_cast<const sockaddr_in *>(sa)->sin_port
+                                        : reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_port);
+}
+
+socklen_t mark_name(sockaddr_un &un, char kind, uint16_t port) {
+  un = sockaddr_un{};
+  un.sun_family = AF_UNIX;
+  int n = snprintf(un.sun_path + 1, sizeof un.sun_path - 1, "pcientb-sdp/%s/%c/%u",
+                   config().fabric.c_str(), kind, port);
+  return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
+// Holds the name; -1 if someone else holds it already (or on error).
+int hold_name(char kind, uint16_t port) {
+  sockaddr_un un;
+  socklen_t len = mark_name(un, kind, port);
+  int fd = real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (real().bind(fd, reinterpret_cast<sockaddr *>(&un), len) != 0) {
+    real().close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool name_held(char kind, uint16_t port) {
+  sockaddr_un un;
+  socklen_t len = mark_name(un, kind, port);
+  int fd = real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool held = real().connect(fd, reinterpret_cast<sockaddr *>(&un), len) == 0;
+  real().close(fd);
+  return held;
+}
+
+// Whether the address is this host's (loopback, any, or an interface address): on the
+// emulated fabric those are the peers the fabric reaches.
+bool address_is_local(const sockaddr *sa) {
+  if (sa->sa_family == AF_INET) {
+    uint32_t a = ntohl(reinterpret_cast<const sockaddr_in *>(sa)->sin_addr.s_addr);
+    if ((a >> 24) == 127 || a == 0) return true;
+  } else {
+    const in6_addr &a = reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&a) || IN6_IS_ADDR_UNSPECIFIED(&a)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&a) &&
+        (a.s6_addr[12] == 127 || !memcmp(a.s6_addr + 12, "\0\0\0\0", 4)))
+      return true;
+  }
+  ifaddrs *list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs *i = list; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != sa->sa_family) continue;
+    if (sa->sa_family == AF_INET)
+      found = reinterpret_cast<sockaddr_in *>(i->ifa_addr)->sin_addr.s_addr ==
+              reinterpret_cast<const sockaddr_in *>(sa)->sin_addr.s_addr;
+    else
+      found = !memcmp(&reinterpret_cast<sockaddr_in6 *>(i->ifa_addr)->sin6_addr,
+                      &reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_addr, 16);
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+HsMsg make_msg(MsgType type, const Link *link, int reason) {
+  HsMsg m{};
+  memcpy(m.magic, kMagic, sizeof kMagic);
+  m.type = type;
+  m.reason = uint32_t(reason);
+  snprintf(m.fabric, sizeof m.fabric, "%s", config().fabric.c_str());
+  if (link) m.info = link->local;
+  return m;
+}
+
+bool send_msg(Sock &s, MsgType type, int reason = 0) {
+  HsMsg m = make_msg(type, type == kHello || type == kAccept ? &s.link : nullptr, reason);
+  return tcp_write_all(s.fd, &m, sizeof m, kHandshakeMs);
+}
+
+// Reads one handshake message if it is all there (or, with wait, when it is).
+// 1: read; 0: not yet; -1: EOF, error or garbage.
+int read_msg(Sock &s, HsMsg &m, bool wait) {
+  for (;;) {
+    ssize_t n = real().recvfrom(s.fd, &m, sizeof m, MSG_PEEK | MSG_DONTWAIT, nullptr, nullptr);
+    if (n == ssize_t(sizeof m)) break;
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return -1;
+    if (!wait) return 0;
+    // No time limit: the peer sends its part when its program first uses the connection,
+    // and giving up here would leave the two ends disagreeing about the stream.
+    pollfd p{s.fd, POLLIN, 0};
+    real().poll(&p, 1, -1);
+  }
+  if (!tcp_read_all(s.fd, &m, sizeof m, kHandshakeMs)) return -1;
+  if (memcmp(m.magic, kMagic, sizeof kMagic) != 0) {
+    errno = EPROTO;
+    return -1;
+  }
+  return 1;
+}
+
+// The connection stays on TCP: the layer lets go of it.
+void stay_tcp(Sock &s, const char *reason) {
+  logf("fd %d (%s): TCP (%s)", s.fd, s.role == Role::kServer ? "server" : "client", reason);
+  s.state = State::kCandidate;
+  link_destroy(s.link);
+  handshake_forget(s);
+  s.stats.path = PCIENTB_SDP_PATH_TCP;
+  s.reason = reason;
+  write_stats(s);
+  forget_sock(s.fd);
+}
+
+void become_sdp(Sock &s) {
+  s.state = State::kSdp;
+  s.stats.path = PCIENTB_SDP_PATH_SDP;
+  s.reason = "negotiated";
+  handshake_forget(s);
+  logf("fd %d (%s): SDP over pcientb0 (QP %u -> %u)", s.fd,
+       s.role == Role::kServer ? "server" : "client", s.link.local.qpn, s.link.remote.qpn);
+}
+
+}  // namespace
+
+bool tcp_write_all(int fd, const void *buf, size_t len, int timeout_ms) {
+  const char *p = static_cast<const char *>(buf);
+  while (len) {
+    ssize_t n = real().sendto(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT, nullptr, 0);
+    if (n > 0) {
+      p += n;
+      len -= size_t(n);
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    pollfd pf{fd, POLLOUT, 0};
+    if (real().poll(&pf, 1, timeout_ms) == 0) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool tcp_read_all(int fd, void *buf, size_t len, int timeout_ms) {
+  char *p = static_cast<char *>(buf);
+  while (len) {
+    ssize_t n = real().recvfrom(fd, p, len, MSG_DONTWAIT, nullptr, nullptr);
+    if (n > 0) {
+      p += n;
+      len -= size_t(n);
+      continue;
+    }
+    if (n == 0) {
+      errno = ECONNRESET;
+      return false;
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    pollfd pf{fd, POLLIN, 0};
+    if (real().poll(&pf, 1, timeout_ms) == 0) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+  }
+  return true;
+}
+
+void handshake_listen(Sock &s) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getsockname(s.fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0) return;
+  const char *reason = "";
+  s.state = State::kListener;
+  s.role = Role::kServer;
+  if (!rules_allow(Role::kServer, reinterpret_cast<sockaddr *>(&ss), len, &reason)) {
+    s.reason = reason;
+    return;
+  }
+  uint16_t port = port_of(reinterpret_cast<sockaddr *>(&ss));
+  if (s.mark_fd < 0) s.mark_fd = hold_name('L', port);  // -1: another listener of the port has it
+  logf("listener fd %d on port %u takes SDP", s.fd, port);
+  s.reason = "listener";
+}
+
+void handshake_before_connect(Sock &s, const sockaddr *addr, socklen_t len) {
+  s.role = Role::kClient;
+  const char *reason = "";
+  if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return;
+  if (!rules_allow(Role::kClient, addr, len, &reason)) {
+    s.reason = reason;
+  } else if (!address_is_local(addr)) {
+    s.reason = "not_on_fabric";
+  } else if (!name_held('L', port_of(addr))) {
+    s.reason = "peer_no_sdp";  // no listener with the layer on this fabric and port
+  } else {
+    sockaddr_storage me{};
+    socklen_t mlen = sizeof me;
+    getsockname(s.fd, reinterpret_cast<sockaddr *>(&me), &mlen);
+    if (port_of(reinterpret_cast<sockaddr *>(&me)) == 0) {
+      // The marker names this socket's port, so the port must be known before the SYN.
+      sockaddr_storage any{};
+      any.ss_family = sa_family_t(s.domain);
+      if (real().bind(s.fd, reinterpret_cast<sockaddr *>(&any),
+                      s.domain == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)) != 0) {
+        s.reason = "bind_failed";
+        return;
+      }
+      mlen = sizeof me;
+      getsockname(s.fd, reinterpret_cast<sockaddr *>(&me), &mlen);
+    }
+    s.mark_fd = hold_name('C', port_of(reinterpret_cast<sockaddr *>(&me)));
+    s.reason = s.mark_fd >= 0 ? "" : "marker_taken";
+  }
+}
+
+void handshake_after_connect(Sock &s) {
+  if (s.mark_fd < 0) {
+    stay_tcp(s, *s.reason ? s.reason : "peer_no_sdp");
+    return;
+  }
+  s.state = State::kClientPending;  // Hello at the first use; the marker tells the server
+}
+
+void handshake_accepted(Sock &s) {
+  s.role = Role::kServer;
+  sockaddr_storage peer{};
+  socklen_t plen = sizeof peer;
+  if (getpeername(s.fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0 ||
+      !name_held('C', port_of(reinterpret_cast<sockaddr *>(&peer)))) {
+    stay_tcp(s, "peer_no_sdp");
+    return;
+  }
+  s.state = State::kServerPending;  // the client sends Hello at its first use
+}
+
+namespace {
+
+// Client, first use: the QP and Hello.
+void send_hello(Sock &s) {
+  if (!link_create(s.link)) {
+    int e = errno;
+    logf("fd %d: verbs setup failed: %s", s.fd, strerror(e));
+    send_msg(s, kAbandon, e);  // the server waits for a message: tell it
+    stay_tcp(s, "verbs_setup_failed");
+    return;
+  }
+  if (!send_msg(s, kHello)) {
+    stay_tcp(s, "hello_failed");
+    return;
+  }
+  s.state = State::kClientHello;
+}
+
+// Server: the client's Hello has arrived.
+void take_hello(Sock &s, const HsMsg &m) {
+  if (m.type != kHello) {
+    // The client announced itself, then sent something else: it gave up (Abandon).
+    stay_tcp(s, m.type == kAbandon ? "peer_abandoned" : "bad_hello");
+    return;
+  }
+  if (strncmp(m.fabric, config().fabric.c_str(), sizeof m.fabric) != 0) {
+    send_msg(s, kDecline, EXDEV);
+    stay_tcp(s, "other_fabric");
+    return;
+  }
+  if (!link_create(s.link) || !(s.link.remote = m.info, link_connect(s.link))) {
+    int e = errno;
+    logf("fd %d: verbs setup failed: %s", s.fd, strerror(e));
+    send_msg(s, kDecline, e);
+    stay_tcp(s, "verbs_setup_failed");
+    return;
+  }
+  if (!send_msg(s, kAccept)) {
+    stay_tcp(s, "accept_failed");
+    return;
+  }
+  s.state = State::kServerWait;
+}
+
+// Client: Accept or Decline has arrived.
+void take_answer(Sock &s, const HsMsg &m) {
+  if (m.type != kAccept) {
+    stay_tcp(s, m.reason == EXDEV ? "other_fabric" : "declined");
+    return;
+  }
+  s.link.remote = m.info;
+  if (!link_connect(s.link)) {
+    send_msg(s, kAbandon, errno);
+    stay_tcp(s, "verbs_setup_failed");
+    return;
+  }
+  if (!send_msg(s, kConfirm)) {
+    stay_tcp(s, "confirm_failed");
+    return;
+  }
+  become_sdp(s);
+}
+
+}  // namespace
+
+bool handshake_progress(Sock &s, bool wait) {
+  for (;;) {
+    if (s.state == State::kClientPending) {
+      send_hello(s);
+      continue;
+    }
+    if (s.state != State::kServerPending && s.state != State::kClientHello &&
+        s.state != State::kServerWait)
+      return true;  // decided: SDP, or TCP (the layer has let go)
+    HsMsg m;
+    int r = read_msg(s, m, wait);
+    if (r == 0) {
+      errno = EAGAIN;
+      return false;
+    }
+    if (r < 0) {
+      stay_tcp(s, "handshake_failed");  // the program sees what the kernel socket says
+      return true;
+    }
+    if (s.state == State::kServerPending) {
+      take_hello(s, m);
+    } else if (s.state == State::kClientHello) {
+      take_answer(s, m);
+    } else if (m.type == kConfirm) {
+      become_sdp(s);
+    } else {
+      stay_tcp(s, "peer_abandoned");
+    }
+  }
+}
+
+void handshake_forget(Sock &s) {
+  if (s.mark_fd >= 0) real().close(s.mark_fd);
+  s.mark_fd = -1;
+}
+
+}  // namespace sdp

@@ -1,0 +1,613 @@
+// The libc entry points the layer takes over, and the table of the sockets it holds.
+//
+// Every AF_INET/AF_INET6 stream socket is noted at socket() (or accept()); at connect() or
+// accept() the handshake decides, and a socket that stays on TCP is forgotten at once, so the
+// program's other descriptors and TCP sockets pay one table check per call. Calls on an SDP
+// socket go to stream.cpp; poll/select/epoll to multiplex.cpp.
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <unordered_map>
+
+#include "sdp.hpp"
+
+#define SDP_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace sdp {
+
+void multiplex_forget(Sock &s, bool program_keeps_fd);  // multiplex.cpp
+void multiplex_close_epoll(int epfd);
+
+namespace {
+
+template <class F>
+F next(const char *name) {
+  void *p = dlsym(RTLD_NEXT, name);
+  if (!p) die_internal(name);
+  return reinterpret_cast<F>(p);
+}
+
+Real load_real() {
+  Real r;
+  r.socket = next<decltype(r.socket)>("socket");
+  r.connect = next<decltype(r.connect)>("connect");
+  r.listen = next<decltype(r.listen)>("listen");
+  r.accept4 = next<decltype(r.accept4)>("accept4");
+  r.close = next<decltype(r.close)>("close");
+  r.shutdown = next<decltype(r.shutdown)>("shutdown");
+  r.read = next<decltype(r.read)>("read");
+  r.write = next<decltype(r.write)>("write");
+  r.recvmsg = next<decltype(r.recvmsg)>("recvmsg");
+  r.sendmsg = next<decltype(r.sendmsg)>("sendmsg");
+  r.recvfrom = next<decltype(r.recvfrom)>("recvfrom");
+  r.sendto = next<decltype(r.sendto)>("sendto");
+  r.poll = next<decltype(r.poll)>("poll");
+  r.epoll_ctl = next<decltype(r.epoll_ctl)>("epoll_ctl");
+  r.epoll_wait = next<decltype(r.epoll_wait)>("epoll_wait");
+  r.fcntl = next<decltype(r.fcntl)>("fcntl");
+  r.ioctl = next<decltype(r.ioctl)>("ioctl");
+  r.dup = next<decltype(r.dup)>("dup");
+  r.dup3 = next<decltype(r.dup3)>("dup3");
+  r.dup2 = next<decltype(r.dup2)>("dup2");
+  r.getsockopt = next<decltype(r.getsockopt)>("getsockopt");
+  r.setsockopt = next<decltype(r.setsockopt)>("setsockopt");
+  r.bind = next<decltype(r.bind)>("bind");
+  r.readv = next<decltype(r.readv)>("readv");
+  r.writev = next<decltype(r.writev)>("writev");
+  r.sendfile = next<decltype(r.sendfile)>("sendfile");
+  r.ppoll = next<decltype(r.ppoll)>("ppoll");
+  r.epoll_pwait = next<decltype(r.epoll_pwait)>("epoll_pwait");
+  return r;
+}
+
+// The table: a flag per small descriptor so that other descriptors cost one load.
+constexpr int kFast = 1 << 16;
+std::atomic<uint8_t> fast[kFast];
+// The sockets of small descriptors, readable without the table's lock (written under it).
+std::atomic<std::shared_ptr<Sock>> *fast_sock = new std::atomic<std::shared_ptr<Sock>>[kFast];
+// Bumped at every change of a small descriptor's mapping: a thread's cached lookup of the
+// descriptor is good while the number has not moved.
+std::atomic<uint32_t> fast_gen[kFast];
+
+struct LookupCache {
+  int fd = -1;
+  uint32_t gen = 0;
+  std::shared_ptr<Sock> sock;  // keeps it alive while this thread may use it
+};
+thread_local LookupCache lookup_cache;
+std::mutex tab_mu;
+std::unordered_map<int, std::shared_ptr<Sock>> *tab =
+    new std::unordered_map<int, std::shared_ptr<Sock>>();
+
+void map_fd(int fd, const std::shared_ptr<Sock> &s) {
+  std::lock_guard<std::mutex> lk(tab_mu);
+  auto &slot = (*tab)[fd];
+  if (slot) --slot->refs;
+  slot = s;
+  ++s->refs;
+  if (fd < kFast) {
+    fast_sock[fd].store(s);
+    fast_gen[fd].fetch_add(1, std::memory_order_acq_rel);
+    fast[fd].store(1, std::memory_order_release);
+  }
+}
+
+// Removes the program's descriptor; returns the socket if that was its last descriptor.
+std::shared_ptr<Sock> unmap_fd(int fd) {
+  std::lock_guard<std::mutex> lk(tab_mu);
+  auto it = tab->find(fd);
+  if (it == tab->end()) return nullptr;
+  std::shared_ptr<Sock> s = std::move(it->second);
+  tab->erase(it);
+  if (fd < kFast) {
+    fast[fd].store(0, std::memory_order_release);
+    fast_gen[fd].fetch_add(1, std::memory_order_acq_rel);
+    fast_sock[fd].store(nullptr);
+  }
+  return --s->refs == 0 ? s : nullptr;
+}
+
+bool is_stream_inet(int domain, int type, int protocol) {
+  return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
+         (protocol == 0 || protocol == IPPROTO_TCP);
+}
+
+std::shared_ptr<Sock> track(int fd, int domain, bool nonblocking) {
+  int kfd = real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (kfd < 0) return nullptr;
+  auto s = std::make_shared<Sock>(kfd, domain);
+  s->nonblocking = nonblocking;
+  map_fd(fd, s);
+  return s;
+}
+
+void release(const std::shared_ptr<Sock> &s) {
+  multiplex_forget(*s, false);
+  if (s->state == State::kSdp && !s->inherited)
+    stream_close(*s);
+  else if (s->state == State::kSdp)
+    write_stats(*s);
+  handshake_forget(*s);
+  if (!s->inherited) link_destroy(s->link);
+}
+
+// A fork()ed child's SDP connections: their QPs live in the parent. The child's calls on
+// them fail with ECONNRESET, and its close leaves the parent's connection alone. A
+// connection still pending is negotiated by whichever process uses it first, with its own QP.
+void mark_inherited() {
+  for (auto &kv : *tab) {
+    Sock &s = *kv.second;
+    if (!s.link.qp) continue;
+    s.inherited = true;
+    if (!s.error) s.error = ECONNRESET;
+  }
+}
+
+// Settles a socket still negotiating before data calls; false with errno when it cannot yet.
+// After it, the socket is SDP, or untracked (TCP).
+bool settle(const std::shared_ptr<Sock> &s) {
+  if (s->state == State::kSdp) return true;
+  std::lock_guard<std::mutex> lk(s->mu);
+  return handshake_progress(*s, !s->nonblocking);
+}
+
+}  // namespace
+
+const Real &real() {
+  static Real r = load_real();
+  return r;
+}
+
+std::shared_ptr<Sock> find_sock(int fd) {
+  if (fd < 0) return nullptr;
+  if (fd < kFast)
+    return fast[fd].load(std::memory_order_acquire) == 1 ? fast_sock[fd].load() : nullptr;
+  std::lock_guard<std::mutex> lk(tab_mu);
+  auto it = tab->find(fd);
+  return it == tab->end() ? nullptr : it->second;
+}
+
+void forget_sock(int kfd) {
+  // Called with the socket's own descriptor: drop every program descriptor naming it.
+  std::vector<std::shared_ptr<Sock>> gone;
+  {
+    std::lock_guard<std::mutex> lk(tab_mu);
+    for (auto it = tab->begin(); it != tab->end();) {
+      if (it->second->fd == kfd) {
+        if (it->first < kFast) {
+          fast[it->first].store(0, std::memory_order_release);
+          fast_gen[it->first].fetch_add(1, std::memory_order_acq_rel);
+          fast_sock[it->first].store(nullptr);
+        }
+        gone.push_back(std::move(it->second));
+        it = tab->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto &s : gone) s->refs = 0;
+  // The kernel socket lives on in the program's descriptors.
+  if (!gone.empty()) {
+    multiplex_forget(*gone[0], true);
+    real().close(kfd);
+  }
+}
+
+void note_epoll_fd(int epfd, bool on) {
+  if (epfd >= 0 && epfd < kFast) fast[epfd].store(on ? 2 : 0, std::memory_order_release);
+}
+
+Sock::~Sock() {}
+
+namespace {
+struct Init {
+  Init() {
+    (void)real();
+    pthread_atfork(nullptr, nullptr, mark_inherited);
+  }
+} init;
+
+// The SDP socket of fd, settled out of negotiation; nullptr when the kernel serves fd.
+std::shared_ptr<Sock> sdp_of(int fd, bool *failed) {
+  *failed = false;
+  std::shared_ptr<Sock> s = find_sock(fd);
+  if (!s || !sdp_like(*s)) return nullptr;
+  if (!settle(s)) {
+    *failed = true;
+    return s;
+  }
+  return s->state == State::kSdp ? s : nullptr;
+}
+
+// The data path's lookup: an SDP socket of a small descriptor this thread used last time
+// costs two loads (no reference count traffic); anything else takes sdp_of().
+Sock *cached_sdp(int fd) {
+  if (fd < 0 || fd >= kFast || fd != lookup_cache.fd) return nullptr;
+  if (fast_gen[fd].load(std::memory_order_acquire) != lookup_cache.gen) return nullptr;
+  Sock *s = lookup_cache.sock.get();
+  return s && s->state == State::kSdp ? s : nullptr;
+}
+
+Sock *sdp_for_io(int fd, bool *failed, bool *handled) {
+  *failed = false;
+  if (Sock *s = cached_sdp(fd)) {
+    *handled = true;
+    return s;
+  }
+  uint32_t gen = fd >= 0 && fd < kFast ? fast_gen[fd].load(std::memory_order_acquire) : 0;
+  std::shared_ptr<Sock> s = sdp_of(fd, failed);
+  *handled = s != nullptr;
+  if (!s) return nullptr;
+  Sock *raw = s.get();
+  if (fd >= 0 && fd < kFast)
+    lookup_cache = LookupCache{fd, gen, std::move(s)};
+  else
+    lookup_cache = LookupCache{-1, 0, std::move(s)};  // held until the next lookup
+  return raw;
+}
+
+ssize_t do_send(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
+  bool failed;
+  Sock *s = sdp_for_io(fd, &failed, handled);
+  if (failed) return -1;
+  if (!s) return 0;
+  return stream_send(*s, iov, cnt, flags);
+}
+
+ssize_t do_recv(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
+  bool failed;
+  Sock *s = sdp_for_io(fd, &failed, handled);
+  if (failed) return -1;
+  if (!s) return 0;
+  return stream_recv(*s, iov, cnt, flags);
+}
+
+void fill_peer(int fd, sockaddr *addr, socklen_t *len) {
+  if (addr && len) getpeername(fd, addr, len);
+}
+
+}  // namespace
+}  // namespace sdp
+
+using namespace sdp;
+
+SDP_EXPORT int socket(int domain, int type, int protocol) {
+  int fd = real().socket(domain, type, protocol);
+  if (fd >= 0 && config().enabled && is_stream_inet(domain, type, protocol))
+    track(fd, domain, type & SOCK_NONBLOCK);
+  return fd;
+}
+
+SDP_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
+  std::shared_ptr<Sock> s = find_sock(fd);
+  if (!s || s->state != State::kCandidate || !addr) return real().connect(fd, addr, len);
+  handshake_before_connect(*s, addr, len);
+  int r = real().connect(fd, addr, len);
+  int err = errno;
+  if (r != 0 && err == EINPROGRESS && s->mark_fd >= 0) {
+    // The handshake follows the connection at once: wait for it here (a local connection
+    // completes within microseconds), and report the connection made.
+    pollfd p{fd, POLLOUT, 0};
+    real().poll(&p, 1, 5000);
+    socklen_t el = sizeof err;
+    real().getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    r = err ? -1 : 0;
+    if (r == 0 && p.revents == 0) r = -1, err = ETIMEDOUT;
+  }
+  if (r == 0) {
+    handshake_after_connect(*s);
+    return 0;
+  }
+  if (err == EINPROGRESS || err == EALREADY || err == EINTR) {
+    handshake_forget(*s);
+    s->reason = *s->reason ? s->reason : "nonblocking_connect";
+    // The connection completes later, on TCP.
+    write_stats(*s);
+    forget_sock(s->fd);
+  } else {
+    handshake_forget(*s);  // a failed connect may be retried: the socket stays a candidate
+  }
+  errno = err;
+  return -1;
+}
+
+SDP_EXPORT int listen(int fd, int backlog) {
+  int r = real().listen(fd, backlog);
+  if (r == 0) {
+    std::shared_ptr<Sock> s = find_sock(fd);
+    if (s && (s->state == State::kCandidate || s->state == State::kListener)) handshake_listen(*s);
+  }
+  return r;
+}
+
+SDP_EXPORT int accept4(int fd, sockaddr *addr, socklen_t *len, int flags) {
+  int nfd = real().accept4(fd, addr, len, flags);
+  if (nfd < 0) return nfd;
+  std::shared_ptr<Sock> l = find_sock(fd);
+  if (!l || l->state != State::kListener || strcmp(l->reason, "listener") != 0) return nfd;
+  std::shared_ptr<Sock> s = track(nfd, l->domain, flags & SOCK_NONBLOCK);
+  if (s) handshake_accepted(*s);
+  return nfd;
+}
+
+SDP_EXPORT int accept(int fd, sockaddr *addr, socklen_t *len) {
+  return accept4(fd, addr, len, 0);
+}
+
+SDP_EXPORT int close(int fd) {
+  uint8_t f = fd >= 0 && fd < kFast ? fast[fd].load(std::memory_order_acquire) : 1;
+  if (f == 2 || fd >= kFast) {
+    multiplex_close_epoll(fd);
+    note_epoll_fd(fd, false);
+  }
+  if (fd >= 0 && f == 1) {
+    if (std::shared_ptr<Sock> s = unmap_fd(fd)) {
+      release(s);
+      real().close(s->fd);
+    }
+  }
+  return real().close(fd);
+}
+
+SDP_EXPORT int shutdown(int fd, int how) {
+  bool failed;
+  std::shared_ptr<Sock> s = sdp_of(fd, &failed);
+  if (failed) return -1;
+  if (!s) return real().shutdown(fd, how);
+  return stream_shutdown(*s, how);
+}
+
+#define SEND_OR(fd, iov, cnt, flags, fallback)           \
+  do {                                                   \
+    bool handled;                                        \
+    ssize_t r_ = do_send(fd, iov, cnt, flags, &handled); \
+    if (handled) return r_;                              \
+    return fallback;                                     \
+  } while (0)
+#define RECV_OR(fd, iov, cnt, flags, fallback)           \
+  do {                                                   \
+    bool handled;                                        \
+    ssize_t r_ = do_recv(fd, iov, cnt, flags, &handled); \
+    if (handled) return r_;                              \
+    return fallback;                                     \
+  } while (0)
+
+SDP_EXPORT ssize_t write(int fd, const void *buf, size_t n) {
+  if (fd >= 0 && fd < 1 << 16 && !fast[fd].load(std::memory_order_acquire))
+    return real().write(fd, buf, n);
+  iovec v{const_cast<void *>(buf), n};
+  SEND_OR(fd, &v, 1, 0, real().write(fd, buf, n));
+}
+
+SDP_EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) {
+  iovec v{const_cast<void *>(buf), n};
+  SEND_OR(fd, &v, 1, flags, real().sendto(fd, buf, n, flags, nullptr, 0));
+}
+
+SDP_EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const sockaddr *to,
+                          socklen_t tolen) {
+  iovec v{const_cast<void *>(buf), n};
+  SEND_OR(fd, &v, 1, flags, real().sendto(fd, buf, n, flags, to, tolen));
+}
+
+SDP_EXPORT ssize_t writev(int fd, const iovec *iov, int cnt) {
+  SEND_OR(fd, iov, cnt, 0, real().writev(fd, iov, cnt));
+}
+
+SDP_EXPORT ssize_t sendmsg(int fd, const msghdr *m, int flags) {
+  SEND_OR(fd, m->msg_iov, int(m->msg_iovlen), flags, real().sendmsg(fd, m, flags));
+}
+
+SDP_EXPORT ssize_t read(int fd, void *buf, size_t n) {
+  if (fd >= 0 && fd < 1 << 16 && !fast[fd].load(std::memory_order_acquire))
+    return real().read(fd, buf, n);
+  iovec v{buf, n};
+  RECV_OR(fd, &v, 1, 0, real().read(fd, buf, n));
+}
+
+SDP_EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t) {
+  return read(fd, buf, n);
+}
+
+SDP_EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
+  iovec v{buf, n};
+  RECV_OR(fd, &v, 1, flags, real().recvfrom(fd, buf, n, flags, nullptr, nullptr));
+}
+
+SDP_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t, int flags) {
+  return recv(fd, buf, n, flags);
+}
+
+SDP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, sockaddr *from,
+                            socklen_t *fromlen) {
+  iovec v{buf, n};
+  bool handled;
+  ssize_t r = do_recv(fd, &v, 1, flags, &handled);
+  if (!handled) return real().recvfrom(fd, buf, n, flags, from, fromlen);
+  if (r >= 0) fill_peer(fd, from, fromlen);
+  return r;
+}
+
+SDP_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t, int flags, sockaddr *from,
+                                  socklen_t *fromlen) {
+  return recvfrom(fd, buf, n, flags, from, fromlen);
+}
+
+SDP_EXPORT ssize_t readv(int fd, const iovec *iov, int cnt) {
+  RECV_OR(fd, iov, cnt, 0, real().readv(fd, iov, cnt));
+}
+
+SDP_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
+  bool handled;
+  ssize_t r = do_recv(fd, m->msg_iov, int(m->msg_iovlen), flags, &handled);
+  if (!handled) return real().recvmsg(fd, m, flags);
+  if (r >= 0) {
+    if (m->msg_name) {
+      socklen_t l = m->msg_namelen;
+      getpeername(fd, static_cast<sockaddr *>(m->msg_name), &l);
+      m->msg_namelen = l;
+    }
+    m->msg_controllen = 0;
+    m->msg_flags = 0;
+  }
+  return r;
+}
+
+SDP_EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count) {
+  bool failed;
+  std::shared_ptr<Sock> s = sdp_of(out, &failed);
+  if (failed) return -1;
+  if (!s) return real().sendfile(out, in, offset, count);
+  // The socket layer has no page cache path: read, then send (one copy more than TCP).
+  char buf[65536];
+  size_t done = 0;
+  while (done < count) {
+    size_t want = std::min(sizeof buf, count - done);
+    ssize_t n = offset ? pread(in, buf, want, *offset + off_t(done)) : real().read(in, buf, want);
+    if (n < 0) return done ? ssize_t(done) : -1;
+    if (n == 0) break;
+    iovec v{buf, size_t(n)};
+    ssize_t w = stream_send(*s, &v, 1, 0);
+    if (w < 0) return done ? ssize_t(done) : -1;
+    done += size_t(w);
+    if (w < n) {
+      if (!offset) lseek(in, w - n, SEEK_CUR);
+      break;
+    }
+  }
+  if (offset) *offset += off_t(done);
+  return ssize_t(done);
+}
+
+SDP_EXPORT ssize_t sendfile64(int out, int in, off_t *offset, size_t count) {
+  return sendfile(out, in, offset, count);
+}
+
+SDP_EXPORT int fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  long arg = va_arg(ap, long);
+  va_end(ap);
+  int r = real().fcntl(fd, cmd, arg);
+  if (r < 0) return r;
+  std::shared_ptr<Sock> s = find_sock(fd);
+  if (!s) return r;
+  if (cmd == F_SETFL) s->nonblocking = arg & O_NONBLOCK;
+  if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) map_fd(r, s);
+  return r;
+}
+
+SDP_EXPORT int fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  long arg = va_arg(ap, long);
+  va_end(ap);
+  return fcntl(fd, cmd, arg);
+}
+
+SDP_EXPORT int ioctl(int fd, unsigned long req, ...) {
+  va_list ap;
+  va_start(ap, req);
+  void *arg = va_arg(ap, void *);
+  va_end(ap);
+  std::shared_ptr<Sock> s = find_sock(fd);
+  if (s && req == FIONREAD && s->state == State::kSdp) {
+    *static_cast<int *>(arg) = stream_fionread(*s);
+    return 0;
+  }
+  int r = real().ioctl(fd, req, arg);
+  if (r == 0 && s && req == FIONBIO) s->nonblocking = *static_cast<int *>(arg) != 0;
+  return r;
+}
+
+SDP_EXPORT int dup(int fd) {
+  int r = real().dup(fd);
+  if (r >= 0)
+    if (std::shared_ptr<Sock> s = find_sock(fd)) map_fd(r, s);
+  return r;
+}
+
+static int after_dup_to(int fd, int nfd, int r) {
+  if (r < 0 || fd == nfd) return r;
+  std::shared_ptr<Sock> s = find_sock(fd);
+  // nfd was closed by the kernel: release what the layer held for it.
+  if (std::shared_ptr<Sock> old = unmap_fd(nfd)) {
+    release(old);
+    real().close(old->fd);
+  }
+  if (s) map_fd(nfd, s);
+  return r;
+}
+
+SDP_EXPORT int dup2(int fd, int nfd) {
+  return after_dup_to(fd, nfd, real().dup2(fd, nfd));
+}
+SDP_EXPORT int dup3(int fd, int nfd, int flags) {
+  return after_dup_to(fd, nfd, real().dup3(fd, nfd, flags));
+}
+
+SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
+  std::shared_ptr<Sock> s = find_sock(fd);
+  if (level == IPPROTO_TCP && (name == SDP_ZCOPY_THRESH || name == PCIENTB_SDP_STATS) && val &&
+      len) {
+    if (!s && !config().enabled) {
+      errno = ENOPROTOOPT;
+      return -1;
+    }
+    if (name == SDP_ZCOPY_THRESH && *len >= sizeof(int)) {
+      *static_cast<int *>(val) =
+          s && s->zcopy_thresh >= 0 ? s->zcopy_thresh : config().zcopy_thresh;
+      *len = sizeof(int);
+      return 0;
+    }
+    if (name == PCIENTB_SDP_STATS && *len >= sizeof(pcientb_sdp_stats)) {
+      pcientb_sdp_stats st{PCIENTB_SDP_PATH_TCP, 0, 0, 0, 0, 0};
+      if (s) {
+        std::lock_guard<std::mutex> lk(s->mu);
+        st = s->stats;
+      }
+      memcpy(val, &st, sizeof st);
+      *len = sizeof st;
+      return 0;
+    }
+    errno = EINVAL;
+    return -1;
+  }
+  if (s && s->state == State::kSdp && level == SOL_SOCKET && name == SO_ERROR && val && len &&
+      *len >= sizeof(int)) {
+    std::lock_guard<std::mutex> lk(s->mu);
+    *static_cast<int *>(val) = s->error;
+    *len = sizeof(int);
+    return 0;
+  }
+  return real().getsockopt(fd, level, name, val, len);
+}
+
+SDP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
+  if (level == IPPROTO_TCP && name == SDP_ZCOPY_THRESH) {
+    std::shared_ptr<Sock> s = find_sock(fd);
+    if (!s && !config().enabled) {
+      errno = ENOPROTOOPT;
+      return -1;
+    }
+    if (!val || len < sizeof(int) || *static_cast<const int *>(val) < 0) {
+      errno = EINVAL;
+      return -1;
+    }
+    if (s) s->zcopy_thresh = *static_cast<const int *>(val);
+    return 0;
+  }
+  return real().setsockopt(fd, level, name, val, len);
+}

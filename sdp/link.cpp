@@ -1,0 +1,218 @@
+// Verbs resources of one SDP connection: one RC QP and CQ with a completion channel, the
+// receive ring the peer writes into, the mirror this side stages its writes in, and the ack
+// slot. Public verbs API only: the provider is one of the layer's users, nothing more.
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "sdp.hpp"
+
+namespace sdp {
+namespace {
+
+struct Device {
+  ibv_context *ctx = nullptr;
+  ibv_pd *pd = nullptr;
+  uint16_t lid = 0;
+  ibv_mtu mtu = IBV_MTU_4096;
+  uint8_t gid[16]{};
+  int err = 0;
+};
+
+std::mutex dev_mu;
+Device *dev = nullptr;
+
+void forget_device_in_child() {
+  dev = nullptr;
+}  // the parent's context is not the child's
+
+Device *device() {
+  std::lock_guard<std::mutex> lk(dev_mu);
+  if (dev) return dev->ctx ? dev : nullptr;
+  static bool atfork = (pthread_atfork(nullptr, nullptr, forget_device_in_child), true);
+  (void)atfork;
+  dev = new Device();
+  int n = 0;
+  ibv_device **list = ibv_get_device_list(&n);
+  ibv_device *pick = nullptr;
+  for (int i = 0; list && i < n; ++i)
+    if (strncmp(ibv_get_device_name(list[i]), "pcientb", 7) == 0) pick = list[i];
+  if (pick) dev->ctx = ibv_open_device(pick);
+  if (list) ibv_free_device_list(list);
+  if (!dev->ctx) {
+    logf("no pcientb device (is libpcientb-preload.so loaded? use pcientb-sdp)");
+    return nullptr;
+  }
+  dev->pd = ibv_alloc_pd(dev->ctx);
+  ibv_port_attr pa{};
+  ibv_gid g{};
+  if (!dev->pd || ibv_query_port(dev->ctx, 1, &pa) || ibv_query_gid(dev->ctx, 1, 0, &g)) {
+    logf("pcientb device unusable: %s", strerror(errno));
+    ibv_close_device(dev->ctx);
+    dev->ctx = nullptr;
+    return nullptr;
+  }
+  dev->lid = pa.lid;
+  dev->mtu = pa.active_mtu;
+  memcpy(dev->gid, g.raw, 16);
+  return dev;
+}
+
+void *map_buffer(size_t len) {
+  void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace
+
+bool link_create(Link &l) {
+  Device *d = device();
+  if (!d) {
+    errno = ENODEV;
+    return false;
+  }
+  l.ring_bytes = config().ring_bytes;
+  l.recv_depth = 512;
+  l.send_depth = 1024;
+  l.ring = static_cast<char *>(map_buffer(l.ring_bytes));
+  l.mirror = static_cast<char *>(map_buffer(l.ring_bytes));
+  l.ack = static_cast<AckBlock *>(map_buffer(4096));
+  if (!l.ring || !l.mirror || !l.ack) return false;
+  int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  l.ring_mr = ibv_reg_mr(d->pd, l.ring, l.ring_bytes, acc);
+  l.mirror_mr = ibv_reg_mr(d->pd, l.mirror, l.ring_bytes, IBV_ACCESS_LOCAL_WRITE);
+  l.ack_mr = ibv_reg_mr(d->pd, l.ack, 4096, acc);
+  if (!l.ring_mr || !l.mirror_mr || !l.ack_mr) return false;
+  l.channel = ibv_create_comp_channel(d->ctx);
+  if (!l.channel) return false;
+  // Wakeups are consumed without blocking (several waiters may race for one).
+  fcntl(l.channel->fd, F_SETFL, fcntl(l.channel->fd, F_GETFL) | O_NONBLOCK);
+  fcntl(l.channel->fd, F_SETFD, FD_CLOEXEC);
+  l.cq = ibv_create_cq(d->ctx, int(l.send_depth + l.recv_depth + 16), nullptr, l.channel, 0);
+  if (!l.cq) return false;
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = l.cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = l.send_depth;
+  qa.cap.max_recv_wr = l.recv_depth;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = 256;
+  l.qp = ibv_create_qp(d->pd, &qa);
+  if (!l.qp) return false;
+  l.max_inline = qa.cap.max_inline_data;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+  if (ibv_modify_qp(l.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    return false;
+
+  static thread_local std::mt19937 rng(std::random_device{}());
+  LinkInfo &me = l.local;
+  memcpy(me.gid, d->gid, 16);
+  me.lid = d->lid;
+  me.qpn = l.qp->qp_num;
+  me.psn = rng() & 0xffffff;
+  me.ring_addr = reinterpret_cast<uintptr_t>(l.ring);
+  me.ring_rkey = l.ring_mr->rkey;
+  me.ring_bytes = l.ring_bytes;
+  me.ack_addr = reinterpret_cast<uintptr_t>(l.ack);
+  me.ack_rkey = l.ack_mr->rkey;
+  me.recv_depth = l.recv_depth;
+  return true;
+}
+
+bool link_post_recvs(Link &l, uint32_t n) {
+  // Write-with-immediate consumes a receive; the payload goes to the ring, not here.
+  ibv_recv_wr wr[32];
+  while (n > 0) {
+    uint32_t k = n < 32 ? n : 32;
+    for (uint32_t i = 0; i < k; ++i) {
+      wr[i] = ibv_recv_wr{};
+      wr[i].wr_id = 0;
+      wr[i].num_sge = 0;
+      wr[i].next = i + 1 < k ? &wr[i + 1] : nullptr;
+    }
+    ibv_recv_wr *bad = nullptr;
+    if (int e = ibv_post_recv(l.qp, wr, &bad)) {
+      errno = e;
+      return false;
+    }
+    n -= k;
+  }
+  return true;
+}
+
+bool link_connect(Link &l) {
+  Device *d = device();
+  const LinkInfo &peer = l.remote;
+  if (!d || peer.ring_bytes < 65536 || (peer.ring_bytes & (peer.ring_bytes - 1)) ||
+      peer.recv_depth < 8) {
+    errno = EPROTO;
+    return false;
+  }
+  if (!link_post_recvs(l, l.recv_depth)) return false;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = d->mtu;
+  a.dest_qp_num = peer.qpn;
+  a.rq_psn = peer.psn;
+  a.max_dest_rd_atomic = 16;
+  a.min_rnr_timer = 12;
+  a.ah_attr.dlid = static_cast<uint16_t>(peer.lid);
+  a.ah_attr.port_num = 1;
+  memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
+  a.ah_attr.grh.hop_limit = 1;
+  a.ah_attr.is_global = peer.lid == 0;
+  int e = ibv_modify_qp(l.qp, &a,
+                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (e) {
+    errno = e;
+    return false;
+  }
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = l.local.psn;
+  a.timeout = 14;  // 67 ms x 7 retries: a dead peer is an error within half a second
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 16;
+  e = ibv_modify_qp(l.qp, &a,
+                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                        IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+  if (e) {
+    errno = e;
+    return false;
+  }
+  return true;
+}
+
+void link_destroy(Link &l) {
+  if (l.qp) ibv_destroy_qp(l.qp);
+  if (l.cq) ibv_destroy_cq(l.cq);
+  if (l.channel) ibv_destroy_comp_channel(l.channel);
+  if (l.ring_mr) ibv_dereg_mr(l.ring_mr);
+  if (l.mirror_mr) ibv_dereg_mr(l.mirror_mr);
+  if (l.ack_mr) ibv_dereg_mr(l.ack_mr);
+  if (l.ring) munmap(l.ring, l.ring_bytes);
+  if (l.mirror) munmap(l.mirror, l.ring_bytes);
+  if (l.ack) munmap(l.ack, 4096);
+  l = Link{};
+}
+
+ibv_mr *reg_user(void *addr, size_t len) {
+  Device *d = device();
+  if (!d) return nullptr;
+  return ibv_reg_mr(d->pd, addr, len,
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+}
+
+}  // namespace sdp

@@ -1,0 +1,501 @@
+// poll, ppoll, select, pselect and epoll over SDP sockets and ordinary descriptors together.
+//
+// The kernel cannot see an SDP socket's data (it arrives in the ring by RDMA), so a waiter
+// asks the stream for readiness, busy-polls for spin_us, then sleeps in the kernel on the
+// ordinary descriptors plus, for each SDP socket, its completion channel (armed: the next
+// arrival, data or credit, wakes it) and its kernel socket (the peer's end). For epoll the
+// program's registrations of SDP sockets live here (level- and edge-triggered, oneshot) and
+// the kernel set holds those two descriptors with tagged data.
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <time.h>
+
+#include <map>
+#include <unordered_map>
+
+#include "sdp.hpp"
+
+#define SDP_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace sdp {
+
+void note_epoll_fd(int epfd, bool on);  // interpose.cpp
+
+namespace {
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000ll + ts.tv_nsec;
+}
+
+// Readiness of a socket the layer holds, as poll reports it; -1 when the kernel now serves
+// it (it stayed on TCP).
+int sock_revents(const std::shared_ptr<Sock> &s, short events) {
+  if (negotiating(*s)) {
+    std::lock_guard<std::mutex> lk(s->mu);
+    handshake_progress(*s, false);
+  }
+  if (s->state != State::kSdp) return sdp_like(*s) ? 0 : -1;
+  return stream_poll(*s) & (events | POLLERR | POLLHUP | POLLNVAL);
+}
+
+// A wait's end: deadline_ns < 0 waits for ever.
+int remaining_ms(int64_t deadline_ns) {
+  if (deadline_ns < 0) return -1;
+  int64_t left = deadline_ns - now_ns();
+  return left <= 0 ? 0 : int((left + 999999) / 1000000);
+}
+
+int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
+  std::vector<std::shared_ptr<Sock>> socks(n);
+  bool any = false;
+  for (nfds_t i = 0; i < n; ++i) {
+    std::shared_ptr<Sock> s = find_sock(fds[i].fd);
+    if (s && sdp_like(*s)) {
+      socks[i] = std::move(s);
+      any = true;
+    }
+  }
+  if (!any) {
+    if (timeout_ns < 0 && !mask) return real().poll(fds, n, -1);
+    timespec ts{timeout_ns / 1000000000, timeout_ns % 1000000000};
+    return real().ppoll(fds, n, timeout_ns < 0 ? nullptr : &ts, mask);
+  }
+  const int64_t start = now_ns();
+  const int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
+  const int64_t spin_end = start + int64_t(config().spin_us) * 1000;
+  std::vector<pollfd> k;
+  std::vector<nfds_t> kidx;
+  for (;;) {
+    int ready = 0;
+    k.clear();
+    kidx.clear();
+    for (nfds_t i = 0; i < n; ++i) {
+      fds[i].revents = 0;
+      if (socks[i]) {
+        int r = sock_revents(socks[i], fds[i].events);
+        if (r >= 0) {
+          fds[i].revents = short(r);
+          ready += r != 0;
+          continue;
+        }
+        socks[i] = nullptr;
+      }
+      k.push_back(fds[i]);
+      kidx.push_back(i);
+    }
+    if (!k.empty() && real().poll(k.data(), k.size(), 0) > 0) {
+      for (size_t j = 0; j < k.size(); ++j) {
+        fds[kidx[j]].revents = k[j].revents;
+        ready += k[j].revents != 0;
+      }
+    }
+    if (ready) return ready;
+    const int64_t now = now_ns();
+    if (deadline >= 0 && now >= deadline) return 0;
+    if (now < spin_end) {
+      sched_yield();
+      continue;
+    }
+    // Sleep: arm every SDP socket, look once more, then wait on the kernel.
+    size_t kernel_n = k.size();
+    for (nfds_t i = 0; i < n; ++i) {
+      if (!socks[i] || socks[i]->state != State::kSdp || !socks[i]->link.channel) continue;
+      stream_arm(*socks[i]);
+      k.push_back({socks[i]->link.channel->fd, POLLIN, 0});
+      kidx.push_back(i);
+    }
+    bool late = false;
+    for (nfds_t i = 0; i < n && !late; ++i)
+      if (socks[i]) late = sock_revents(socks[i], fds[i].events) > 0;
+    if (late) continue;
+    for (nfds_t i = 0; i < n; ++i)
+      if (socks[i]) {
+        k.push_back({socks[i]->fd, POLLIN | POLLRDHUP, 0});
+        kidx.push_back(i);
+      }
+    int ms = remaining_ms(deadline);
+    timespec ts{ms / 1000, (ms % 1000) * 1000000l};
+    int r = real().ppoll(k.data(), k.size(), ms < 0 ? nullptr : &ts, mask);
+    if (r < 0) return -1;
+    for (size_t j = kernel_n; j < k.size(); ++j)
+      if (k[j].revents && k[j].fd != socks[kidx[j]]->fd && socks[kidx[j]]->link.channel)
+        stream_drain_channel(*socks[kidx[j]]);
+  }
+}
+
+int64_t ts_ns(const timespec *ts) {
+  return ts ? int64_t(ts->tv_sec) * 1000000000ll + ts->tv_nsec : -1;
+}
+
+bool select_has_sdp(int nfds, fd_set *r, fd_set *w, fd_set *e) {
+  for (int fd = 0; fd < nfds; ++fd) {
+    if (!((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e)))) continue;
+    std::shared_ptr<Sock> s = find_sock(fd);
+    if (s && sdp_like(*s)) return true;
+  }
+  return false;
+}
+
+int mux_select(int nfds, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns,
+               const sigset_t *mask) {
+  std::vector<pollfd> p;
+  for (int fd = 0; fd < nfds; ++fd) {
+    short ev = short((r && FD_ISSET(fd, r) ? POLLIN : 0) | (w && FD_ISSET(fd, w) ? POLLOUT : 0) |
+                     (e && FD_ISSET(fd, e) ? POLLPRI : 0));
+    if (ev) p.push_back({fd, ev, 0});
+  }
+  int n = mux_poll(p.data(), p.size(), timeout_ns, mask);
+  if (n < 0) return n;
+  for (const pollfd &x : p) {
+    if (x.revents & POLLNVAL) {
+      errno = EBADF;
+      return -1;
+    }
+  }
+  if (r) FD_ZERO(r);
+  if (w) FD_ZERO(w);
+  if (e) FD_ZERO(e);
+  int count = 0;
+  for (const pollfd &x : p) {
+    if (r && (x.events & POLLIN) && (x.revents & (POLLIN | POLLHUP | POLLERR)))
+      FD_SET(x.fd, r), ++count;
+    if (w && (x.events & POLLOUT) && (x.revents & (POLLOUT | POLLERR))) FD_SET(x.fd, w), ++count;
+    if (e && (x.events & POLLPRI) && (x.revents & POLLPRI)) FD_SET(x.fd, e), ++count;
+  }
+  return count;
+}
+
+// ---- epoll ---------------------------------------------------------------------------------
+
+constexpr uint64_t kTag = 0xfedc000000000000ull;  // no user pointer has these top bits
+constexpr uint64_t kTagMask = 0xffff000000000000ull;
+uint64_t tag(int fd, int kind) {
+  return kTag | (uint64_t(uint32_t(fd)) << 1) | uint64_t(kind);
+}
+
+struct Reg {
+  std::shared_ptr<Sock> s;
+  uint32_t events = 0;
+  epoll_data_t data{};
+  bool kernel = false;    // registered in the kernel as the program asked (not SDP yet)
+  bool disabled = false;  // EPOLLONESHOT fired
+  uint32_t last = 0;      // edge-triggered: what was reported and still holds
+  uint64_t rx_seen = 0, tx_seen = 0;
+};
+
+struct EpSet {
+  std::mutex mu;
+  std::map<int, Reg> regs;  // by the program's descriptor
+};
+
+std::mutex sets_mu;
+auto *sets = new std::unordered_map<int, std::shared_ptr<EpSet>>();
+
+std::shared_ptr<EpSet> find_set(int epfd, bool create) {
+  std::lock_guard<std::mutex> lk(sets_mu);
+  auto it = sets->find(epfd);
+  if (it != sets->end()) return it->second;
+  if (!create) return nullptr;
+  auto set = std::make_shared<EpSet>();
+  (*sets)[epfd] = set;
+  note_epoll_fd(epfd, true);
+  return set;
+}
+
+// Moves a registration to the layer: the kernel watches the socket's own descriptor and
+// its completion channel for it.
+void watch(int epfd, int fd, Reg &reg) {
+  if (reg.kernel) {
+    real().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    reg.kernel = false;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = tag(fd, 0);
+  real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->fd, &ev);
+  if (reg.s->link.channel) {
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag(fd, 1);
+    real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->link.channel->fd, &ev);
+  }
+}
+
+void unwatch(int epfd, Reg &reg) {
+  if (reg.kernel) return;
+  real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->fd, nullptr);
+  if (reg.s->link.channel) real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->link.channel->fd, nullptr);
+}
+
+// The registrations that are ready, as the program asked for them.
+int scan(int epfd, EpSet &set, epoll_event *out, int max) {
+  std::vector<std::pair<int, Reg *>> todo;
+  std::vector<int> fallen;
+  {
+    std::lock_guard<std::mutex> lk(set.mu);
+    for (auto &[fd, reg] : set.regs) {
+      if (sdp_like(*reg.s) && reg.kernel) watch(epfd, fd, reg);  // it became SDP meanwhile
+      if (!reg.kernel && !reg.disabled) todo.push_back({fd, &reg});
+    }
+  }
+  int n = 0;
+  for (auto &[fd, reg] : todo) {
+    if (n >= max) break;
+    int r = sock_revents(reg->s, short(reg->events));
+    if (r < 0) {
+      fallen.push_back(fd);
+      continue;
+    }
+    uint32_t ev = uint32_t(r) & (reg->events | EPOLLERR | EPOLLHUP);
+    std::lock_guard<std::mutex> lk(set.mu);
+    if (reg->events & EPOLLET) {
+      uint64_t rx, tx;
+      {
+        std::lock_guard<std::mutex> sl(reg->s->mu);
+        rx = reg->s->rx_produced + reg->s->peer_fin + uint64_t(reg->s->error);
+        tx = reg->s->peer_consumed;
+      }
+      reg->last &= ev;  // a condition that ended may be reported again when it comes back
+      uint32_t fresh = ev & ~reg->last;
+      if ((ev & EPOLLIN) && rx != reg->rx_seen) fresh |= EPOLLIN;
+      if ((ev & EPOLLOUT) && tx != reg->tx_seen) fresh |= EPOLLOUT;
+      reg->rx_seen = rx;
+      reg->tx_seen = tx;
+      reg->last |= ev;
+      ev = fresh | (ev & (EPOLLERR | EPOLLHUP) & ~reg->last);
+      if (fresh & (EPOLLERR | EPOLLHUP)) ev |= fresh & (EPOLLERR | EPOLLHUP);
+    }
+    if (!ev) continue;
+    out[n].events = ev;
+    out[n].data = reg->data;
+    ++n;
+    if (reg->events & EPOLLONESHOT) reg->disabled = true;
+  }
+  if (!fallen.empty()) {
+    // It stayed on TCP: the kernel takes the registration as the program made it.
+    std::lock_guard<std::mutex> lk(set.mu);
+    for (int fd : fallen) {
+      auto it = set.regs.find(fd);
+      if (it == set.regs.end()) continue;
+      epoll_event ev{it->second.events, it->second.data};
+      real().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+      set.regs.erase(it);
+    }
+  }
+  return n;
+}
+
+// Takes in what the kernel reported: the program's own events, and wakeups of SDP sockets.
+int take_kernel(EpSet &set, epoll_event *k, int kn, epoll_event *out, int n, int max) {
+  for (int i = 0; i < kn; ++i) {
+    if ((k[i].data.u64 & kTagMask) != kTag) {
+      if (n < max) out[n++] = k[i];
+      continue;
+    }
+    int fd = int((k[i].data.u64 >> 1) & 0xffffffffu);
+    std::shared_ptr<Sock> s;
+    {
+      std::lock_guard<std::mutex> lk(set.mu);
+      auto it = set.regs.find(fd);
+      if (it != set.regs.end()) s = it->second.s;
+    }
+    if (s && (k[i].data.u64 & 1) && s->link.channel) stream_drain_channel(*s);
+  }
+  return n;
+}
+
+int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const sigset_t *mask) {
+  std::shared_ptr<EpSet> set = find_set(epfd, false);
+  bool empty = true;
+  if (set) {
+    std::lock_guard<std::mutex> lk(set->mu);
+    empty = set->regs.empty();
+  }
+  if (empty || max <= 0) return real().epoll_pwait(epfd, out, max, timeout_ms, mask);
+  const int64_t start = now_ns();
+  const int64_t deadline = timeout_ms < 0 ? -1 : start + int64_t(timeout_ms) * 1000000;
+  const int64_t spin_end = start + int64_t(config().spin_us) * 1000;
+  std::vector<epoll_event> k(size_t(max) + 8);
+  for (;;) {
+    int n = scan(epfd, *set, out, max);
+    if (n < max) {
+      int kn = real().epoll_wait(epfd, k.data(), int(k.size()), 0);
+      if (kn > 0) n = take_kernel(*set, k.data(), kn, out, n, max);
+    }
+    if (n) return n;
+    const int64_t now = now_ns();
+    if (deadline >= 0 && now >= deadline) return 0;
+    if (now < spin_end) {
+      sched_yield();
+      continue;
+    }
+    std::vector<std::shared_ptr<Sock>> armed;
+    {
+      std::lock_guard<std::mutex> lk(set->mu);
+      for (auto &[fd, reg] : set->regs)
+        if (!reg.kernel && reg.s->state == State::kSdp) armed.push_back(reg.s);
+    }
+    for (auto &s : armed) stream_arm(*s);
+    n = scan(epfd, *set, out, max);
+    if (n) return n;
+    int kn = real().epoll_pwait(epfd, k.data(), int(k.size()), remaining_ms(deadline), mask);
+    if (kn < 0) return -1;
+    n = take_kernel(*set, k.data(), kn, out, 0, max);
+    if (n) return n;
+  }
+}
+
+}  // namespace
+
+// The socket leaves the layer: closed (program_keeps_fd false), or staying on TCP, when the
+// kernel takes the program's registrations as they were made.
+void multiplex_forget(Sock &s, bool program_keeps_fd) {
+  std::vector<std::pair<int, std::shared_ptr<EpSet>>> all;
+  {
+    std::lock_guard<std::mutex> lk(sets_mu);
+    for (auto &kv : *sets) all.push_back(kv);
+  }
+  for (auto &[epfd, set] : all) {
+    std::lock_guard<std::mutex> lk(set->mu);
+    for (auto it = set->regs.begin(); it != set->regs.end();) {
+      if (it->second.s.get() != &s) {
+        ++it;
+        continue;
+      }
+      if (!it->second.kernel) {
+        unwatch(epfd, it->second);
+        if (program_keeps_fd) {
+          epoll_event ev{it->second.events, it->second.data};
+          real().epoll_ctl(epfd, EPOLL_CTL_ADD, it->first, &ev);
+        }
+      }
+      it = set->regs.erase(it);
+    }
+  }
+}
+
+void multiplex_close_epoll(int epfd) {
+  std::lock_guard<std::mutex> lk(sets_mu);
+  sets->erase(epfd);
+}
+
+}  // namespace sdp
+
+using namespace sdp;
+
+SDP_EXPORT int poll(pollfd *fds, nfds_t n, int timeout) {
+  return mux_poll(fds, n, timeout < 0 ? -1 : int64_t(timeout) * 1000000, nullptr);
+}
+
+SDP_EXPORT int __poll_chk(pollfd *fds, nfds_t n, int timeout, size_t) {
+  return poll(fds, n, timeout);
+}
+
+SDP_EXPORT int ppoll(pollfd *fds, nfds_t n, const timespec *ts, const sigset_t *mask) {
+  return mux_poll(fds, n, ts_ns(ts), mask);
+}
+
+SDP_EXPORT int __ppoll_chk(pollfd *fds, nfds_t n, const timespec *ts, const sigset_t *mask,
+                           size_t) {
+  return ppoll(fds, n, ts, mask);
+}
+
+SDP_EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, timeval *tv) {
+  if (!select_has_sdp(nfds, r, w, e)) {
+    static auto real_select =
+        reinterpret_cast<int (*)(int, fd_set *, fd_set *, fd_set *, timeval *)>(
+            dlsym(RTLD_NEXT, "select"));
+    return real_select(nfds, r, w, e, tv);
+  }
+  int64_t ns = tv ? int64_t(tv->tv_sec) * 1000000000ll + int64_t(tv->tv_usec) * 1000 : -1;
+  return mux_select(nfds, r, w, e, ns, nullptr);
+}
+
+SDP_EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const timespec *ts,
+                       const sigset_t *mask) {
+  if (!select_has_sdp(nfds, r, w, e)) {
+    static auto real_pselect =
+        reinterpret_cast<int (*)(int, fd_set *, fd_set *, fd_set *, const timespec *,
+                                 const sigset_t *)>(dlsym(RTLD_NEXT, "pselect"));
+    return real_pselect(nfds, r, w, e, ts, mask);
+  }
+  return mux_select(nfds, r, w, e, ts_ns(ts), mask);
+}
+
+SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
+  std::shared_ptr<Sock> s = find_sock(fd);
+  bool ours = s && (sdp_like(*s) || s->state == State::kCandidate);
+  std::shared_ptr<EpSet> set = find_set(epfd, ours);
+  if (!set) return real().epoll_ctl(epfd, op, fd, ev);
+  std::lock_guard<std::mutex> lk(set->mu);
+  auto it = set->regs.find(fd);
+  if (it == set->regs.end() && !ours) return real().epoll_ctl(epfd, op, fd, ev);
+  if (op == EPOLL_CTL_ADD) {
+    if (it != set->regs.end()) {
+      errno = EEXIST;
+      return -1;
+    }
+    if (!ev) {
+      errno = EFAULT;
+      return -1;
+    }
+    Reg reg;
+    reg.s = s;
+    reg.events = ev->events;
+    reg.data = ev->data;
+    if (s->state == State::kCandidate) {
+      // Not connected yet: the kernel serves it until it turns SDP (scan() moves it then).
+      int r = real().epoll_ctl(epfd, op, fd, ev);
+      if (r != 0) return r;
+      reg.kernel = true;
+      set->regs.emplace(fd, std::move(reg));
+      return 0;
+    }
+    auto &placed = set->regs.emplace(fd, std::move(reg)).first->second;
+    watch(epfd, fd, placed);
+    return 0;
+  }
+  if (it == set->regs.end()) {
+    errno = ENOENT;
+    return -1;
+  }
+  if (op == EPOLL_CTL_DEL) {
+    if (it->second.kernel)
+      real().epoll_ctl(epfd, op, fd, ev);
+    else
+      unwatch(epfd, it->second);
+    set->regs.erase(it);
+    return 0;
+  }
+  if (op == EPOLL_CTL_MOD) {
+    if (!ev) {
+      errno = EFAULT;
+      return -1;
+    }
+    if (it->second.kernel) {
+      int r = real().epoll_ctl(epfd, op, fd, ev);
+      if (r != 0) return r;
+    }
+    it->second.events = ev->events;
+    it->second.data = ev->data;
+    it->second.disabled = false;
+    it->second.last = 0;
+    return 0;
+  }
+  errno = EINVAL;
+  return -1;
+}
+
+SDP_EXPORT int epoll_wait(int epfd, epoll_event *out, int max, int timeout) {
+  return mux_epoll_wait(epfd, out, max, timeout, nullptr);
+}
+
+SDP_EXPORT int epoll_pwait(int epfd, epoll_event *out, int max, int timeout, const sigset_t *mask) {
+  return mux_epoll_wait(epfd, out, max, timeout, mask);
+}

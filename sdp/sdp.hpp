@@ -1,0 +1,259 @@
+// The SDP socket layer's internals: configuration, the per-connection state, and the
+// functions each file provides. Data flows: interpose.cpp (libc entry points, fd table)
+// -> handshake.cpp (who gets SDP) -> stream.cpp (the byte stream over one RC QP)
+// -> link.cpp (verbs resources); multiplex.cpp makes poll/select/epoll see SDP readiness.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pcientb/sdp.h"
+
+namespace sdp {
+
+// ---- config.cpp --------------------------------------------------------------------------
+struct Config {
+  bool enabled = true;             // PCIENTB_SDP=off takes nothing
+  bool log = false;                // PCIENTB_SDP_LOG=1
+  int zcopy_thresh = 1 << 20;      // PCIENTB_SDP_ZCOPY_THRESH (see NOTES.md: the crossover here)
+  uint32_t ring_bytes = 1u << 20;  // PCIENTB_SDP_RING (receive ring per direction)
+  int spin_us = 50;                // PCIENTB_SDP_SPIN_US: busy-poll before sleeping
+  std::string fabric;              // PCIENTB_FABRIC
+  std::string stats_path;          // PCIENTB_SDP_STATS
+};
+const Config &config();
+
+enum class Role { kServer, kClient };
+// Whether the switch rules give this connection to SDP. `reason` names the rule that
+// decided when the answer is no.
+bool rules_allow(Role role, const sockaddr *addr, socklen_t len, const char **reason);
+
+void logf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void die_internal(const char *what);
+
+// ---- link.cpp: verbs resources of one connection -----------------------------------------
+// What one side tells the other in the handshake.
+struct LinkInfo {
+  uint8_t gid[16];
+  uint32_t lid;
+  uint32_t qpn;
+  uint32_t psn;
+  uint32_t ring_rkey;
+  uint64_t ring_addr;
+  uint32_t ring_bytes;
+  uint32_t ack_rkey;
+  uint64_t ack_addr;
+  uint32_t recv_depth;
+  uint32_t pad;
+};
+
+// Counters a receiver returns to its sender (written into the sender's ack slot).
+struct AckBlock {
+  uint64_t consumed;      // ring bytes of the sender's stream this side has consumed
+  uint64_t polled;        // write-with-immediate completions this side has reaped
+  uint64_t zc_done;       // SrcAvail advertisements of the sender fully read by this side
+  uint64_t cancel;        // receiver -> sender: the SrcAvail seq whose cancel was answered
+  uint64_t cancel_bytes;  // how much of that SrcAvail had been read when cancelled
+  uint64_t cancel_req;    // sender -> receiver: please stop reading SrcAvail seq <= this
+  uint64_t reserved[2];
+};
+
+struct Link {
+  ibv_comp_channel *channel = nullptr;
+  ibv_cq *cq = nullptr;
+  ibv_qp *qp = nullptr;
+  char *ring = nullptr;  // this side's receive ring (the peer writes into it)
+  ibv_mr *ring_mr = nullptr;
+  char *mirror = nullptr;  // what this side writes into the peer's ring is staged here
+  ibv_mr *mirror_mr = nullptr;
+  AckBlock *ack = nullptr;  // [0]: written by the peer; [1]: source of this side's acks
+  ibv_mr *ack_mr = nullptr;
+  uint32_t ring_bytes = 0;
+  uint32_t recv_depth = 0;
+  uint32_t send_depth = 0;
+  uint32_t max_inline = 0;
+  LinkInfo local{};
+  LinkInfo remote{};
+};
+
+// Creates the QP, CQ, channel and buffers; fills link.local. False (errno set) on failure.
+bool link_create(Link &link);
+// Moves the QP to RTS toward link.remote and posts the receives.
+bool link_connect(Link &link);
+void link_destroy(Link &link);
+bool link_post_recvs(Link &link, uint32_t n);
+// Registers user memory for one zero-copy transfer (the provider caches what it moved, so
+// registering the same buffer again is cheap; a cache here would go stale when the program
+// frees and maps again at the same address).
+ibv_mr *reg_user(void *addr, size_t len);
+
+// ---- stream.cpp: the byte stream of one SDP connection -----------------------------------
+struct Sock;
+
+// Blocking/non-blocking send and receive of a connected SDP socket; return bytes or -1/errno.
+ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags);
+ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags);
+// Readiness as poll() reports it (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR), after progress.
+short stream_poll(Sock &s);
+// Arms the completion channel so that the next arrival wakes a sleeper; false if something
+// arrived meanwhile (do not sleep).
+bool stream_arm(Sock &s);
+// Consumes a completion-channel wakeup (non-blocking).
+void stream_drain_channel(Sock &s);
+int stream_shutdown(Sock &s, int how);
+void stream_close(Sock &s);
+int stream_fionread(Sock &s);
+// Has the flusher thread post this socket's coalesced sends soon (s.mu held).
+void flusher_add(Sock &s);
+
+// ---- handshake.cpp -------------------------------------------------------------------------
+// Listener side: marks the port as served by SDP on this fabric.
+void handshake_listen(Sock &s);
+// Client side, before the kernel connect: decides whether to try SDP and if so binds and
+// leaves the marker. After a successful connect, sends Hello.
+void handshake_before_connect(Sock &s, const sockaddr *addr, socklen_t len);
+void handshake_after_connect(Sock &s);
+// Server side, on a freshly accepted socket: SDP pending, or TCP.
+void handshake_accepted(Sock &s);
+// Moves the handshake on: sends Hello, reads Hello, Accept/Decline or Confirm as far as
+// what has arrived allows (wait: blocks until decided). Returns false with errno EAGAIN
+// when not decided yet and !wait.
+bool handshake_progress(Sock &s, bool wait);
+void handshake_forget(Sock &s);  // closes the listener mark / client marker
+
+// ---- the socket ---------------------------------------------------------------------------
+enum class State {
+  kCandidate,  // a TCP socket the layer may still take (not connected)
+  kListener,
+  // The handshake runs at the first use of the connection, in the process that uses it: a
+  // server that forks a child per connection has the child negotiate, with its own QP.
+  kClientPending,  // connected, client's marker held, Hello not sent yet
+  kServerPending,  // accepted from a client with the layer, Hello not read yet
+  kClientHello,    // client sent Hello, waits for Accept/Decline
+  kServerWait,     // server sent Accept, waits for the client's Confirm
+  kSdp,
+};
+
+struct Sock : std::enable_shared_from_this<Sock> {
+  explicit Sock(int fd_, int domain_) : fd(fd_), domain(domain_) {}
+  ~Sock();
+  std::mutex mu;
+  // The layer's own descriptor of the kernel TCP socket (a dup of the program's): the
+  // program may dup and close its descriptors in any order. It gives addresses and options,
+  // carries the handshake, and says when the peer's process has gone.
+  const int fd;
+  int refs = 0;            // the program's descriptors naming this socket
+  bool inherited = false;  // a fork()ed child's copy: its QP belongs to the parent
+  const int domain;
+  State state = State::kCandidate;
+  Role role = Role::kClient;
+  bool nonblocking = false;
+  int zcopy_thresh = -1;    // -1: the configured default
+  int mark_fd = -1;         // listener mark or client marker (abstract AF_UNIX name)
+  bool connecting = false;  // a non-blocking connect is in progress (client)
+  Link link;
+
+  // Transmit side: what this side has put into the peer's ring.
+  uint64_t tx_pos = 0;        // ring bytes written into the mirror (records included)
+  uint64_t tx_posted = 0;     // ring bytes whose writes are posted (the rest coalesces)
+  uint64_t pend_rec = ~0ull;  // position of the DATA record small sends still append to
+  bool in_flush_list = false;
+  uint32_t burst = 0;          // sends since the last receive or poll
+  uint64_t tx_msgs = 0;        // write-with-immediate operations posted
+  uint64_t peer_consumed = 0;  // from the peer's acks
+  uint64_t peer_polled = 0;
+  uint64_t peer_zc_done = 0;
+  uint64_t src_seq = 0;     // SrcAvail advertisements sent
+  uint32_t unsignaled = 0;  // posts since the last signaled one
+  uint32_t sq_used = 0;     // posted and not known complete
+  bool fin_sent = false;
+
+  // Receive side: the records the peer wrote into this side's ring.
+  uint64_t rx_produced = 0;  // ring bytes announced by the peer's immediates
+  uint64_t rx_pos = 0;       // ring bytes consumed (whole records)
+  uint32_t rec_off = 0;      // payload bytes of the record at rx_pos already delivered
+  uint64_t polled = 0;       // immediates reaped
+  uint64_t acked_consumed = 0, acked_polled = 0;
+  uint64_t zc_done = 0;  // SrcAvails of the peer fully read
+  bool ack_wanted = false;
+  bool peer_fin = false;
+  bool rd_shut = false;
+  uint32_t reads_pending = 0;    // RDMA READs posted by this side, not complete
+  uint64_t peer_cancel_req = 0;  // the peer cancelled its SrcAvails up to this seq
+  uint64_t cancel_answered = 0;
+  uint64_t skip_src_upto = 0;  // cancelled SrcAvails of the peer: skip when reached
+  uint64_t cancel_req = 0;     // this side's cancel request (in its acks)
+  uint64_t peer_cancel = 0, peer_cancel_bytes = 0;  // the peer's answer
+
+  int error = 0;           // sticky: ECONNRESET/EPIPE once the connection broke
+  bool peer_gone = false;  // the kernel socket saw the peer's end
+
+  pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0};
+  const char *reason = "";
+  bool stats_written = false;
+};
+
+// Connected and SDP, or negotiating to be.
+inline bool sdp_like(const Sock &s) {
+  return s.state != State::kCandidate && s.state != State::kListener;
+}
+inline bool negotiating(const Sock &s) {
+  return sdp_like(s) && s.state != State::kSdp;
+}
+
+// The fd table (interpose.cpp).
+std::shared_ptr<Sock> find_sock(int fd);
+void forget_sock(int fd);  // the socket stays on the kernel's TCP: the layer lets go of it
+void write_stats(Sock &s);
+
+// The real libc functions (interpose.cpp).
+struct Real {
+  int (*socket)(int, int, int);
+  int (*connect)(int, const sockaddr *, socklen_t);
+  int (*listen)(int, int);
+  int (*accept4)(int, sockaddr *, socklen_t *, int);
+  int (*close)(int);
+  int (*shutdown)(int, int);
+  ssize_t (*read)(int, void *, size_t);
+  ssize_t (*write)(int, const void *, size_t);
+  ssize_t (*recvmsg)(int, msghdr *, int);
+  ssize_t (*sendmsg)(int, const msghdr *, int);
+  ssize_t (*recvfrom)(int, void *, size_t, int, sockaddr *, socklen_t *);
+  ssize_t (*sendto)(int, const void *, size_t, int, const sockaddr *, socklen_t);
+  int (*poll)(struct pollfd *, unsigned long, int);
+  int (*epoll_ctl)(int, int, int, struct epoll_event *);
+  int (*epoll_wait)(int, struct epoll_event *, int, int);
+  int (*fcntl)(int, int, ...);
+  int (*ioctl)(int, unsigned long, ...);
+  int (*dup)(int);
+  int (*dup3)(int, int, int);
+  int (*dup2)(int, int);
+  int (*getsockopt)(int, int, int, void *, socklen_t *);
+  int (*setsockopt)(int, int, int, const void *, socklen_t);
+  int (*bind)(int, const sockaddr *, socklen_t);
+  ssize_t (*readv)(int, const iovec *, int);
+  ssize_t (*writev)(int, const iovec *, int);
+  ssize_t (*sendfile)(int, int, off_t *, size_t);
+  int (*ppoll)(struct pollfd *, unsigned long, const timespec *, const sigset_t *);
+  int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
+};
+const Real &real();
+
+// Full-length kernel I/O on the TCP socket (handshake messages); -1/errno on failure or EOF
+// (ECONNRESET). timeout_ms < 0 waits for ever.
+bool tcp_write_all(int fd, const void *buf, size_t len, int timeout_ms);
+bool tcp_read_all(int fd, void *buf, size_t len, int timeout_ms);
+
+}  // namespace sdp

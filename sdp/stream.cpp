@@ -1,0 +1,883 @@
+// The byte stream of one SDP connection over its RC QP.
+//
+// Each side owns a receive ring that only the peer writes, by RDMA WRITE WITH IMMEDIATE: a
+// write carries whole records (16-byte header, payload padded to 16) and its immediate says
+// how many ring bytes it adds, so the completion is what tells the receiver. Records: DATA
+// (BCopy payload), SRC_AVAIL (Read ZCopy: the sink RDMA-READs the source's buffer), FIN
+// (no more data: shutdown or close), PAD (skip to the ring's start).
+// The receiver returns credits with an ack: a write with immediate kImmAck of an AckBlock
+// into the sender's ack slot (ring bytes consumed, immediates reaped, SrcAvails read, cancel
+// answers). A sender never has more ring bytes or immediates outstanding than the peer has
+// room for, so no write ever meets a full ring or an empty receive queue.
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <thread>
+
+#include "sdp.hpp"
+
+namespace sdp {
+namespace {
+
+enum RecType : uint8_t { kData = 1, kPad = 2, kSrcAvail = 3, kFin = 4 };
+enum RecFlag : uint8_t { kWantAck = 1 };
+struct Rec {
+  uint32_t len;  // payload bytes
+  uint8_t type;
+  uint8_t flags;
+  uint16_t rsv;
+  uint64_t arg;  // SRC_AVAIL: its sequence number
+};
+static_assert(sizeof(Rec) == 16);
+struct SrcAvail {
+  uint64_t addr;
+  uint32_t rkey;
+  uint32_t len;
+};
+
+constexpr uint32_t kImmAck = 0x80000000u;
+constexpr uint64_t kCoalesceBytes = 16384;
+constexpr uint32_t kBurstImmediate = 4;
+constexpr uint64_t kRound = 16;
+
+uint64_t round16(uint64_t n) {
+  return (n + kRound - 1) & ~(kRound - 1);
+}
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint64_t credit_bytes(const Sock &s) {
+  return s.link.remote.ring_bytes - (s.tx_pos - s.peer_consumed);
+}
+uint64_t credit_msgs(const Sock &s) {
+  return s.link.remote.recv_depth - (s.tx_msgs - s.peer_polled);
+}
+
+bool flush(Sock &s);
+
+void set_error(Sock &s, int err) {
+  if (!s.error) {
+    s.error = err;
+    logf("fd %d: connection broken (%s)", s.fd, strerror(err));
+  }
+}
+
+// Posts one write with immediate of `len` bytes from `src` (mirror or ack source) to the
+// peer at `remote`. Signals one post in 64 so the send queue is reaped.
+bool post_write(Sock &s, const void *src, uint32_t lkey, uint32_t len, uint64_t remote,
+                uint32_t rkey, uint32_t imm) {
+  Link &l = s.link;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(src), len, lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.imm_data = htonl(imm);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = remote;
+  wr.wr.rdma.rkey = rkey;
+  if (len <= l.max_inline) wr.send_flags |= IBV_SEND_INLINE;
+  ++s.unsignaled;
+  if (s.unsignaled >= 64 || s.sq_used + 1 >= l.send_depth / 2) {
+    wr.send_flags |= IBV_SEND_SIGNALED;
+    wr.wr_id = s.unsignaled;
+    s.unsignaled = 0;
+  }
+  ibv_send_wr *bad = nullptr;
+  if (int e = ibv_post_send(l.qp, &wr, &bad)) {
+    set_error(s, e == ENOMEM ? EIO : ECONNRESET);
+    return false;
+  }
+  ++s.sq_used;
+  ++s.tx_msgs;
+  return true;
+}
+
+void fill_ack(Sock &s) {
+  AckBlock &a = s.link.ack[1];
+  a.consumed = s.rx_pos;
+  a.polled = s.polled;
+  a.zc_done = s.zc_done;
+  a.cancel_req = s.cancel_req;
+}
+
+bool send_ack(Sock &s) {
+  if (s.error || credit_msgs(s) < 1) {
+    s.ack_wanted = true;  // sent when credits come back
+    return false;
+  }
+  fill_ack(s);
+  const Link &l = s.link;
+  // Inline: the source may change for the next ack before the fabric reads it.
+  if (!post_write(s, &l.ack[1], l.ack_mr->lkey, sizeof(AckBlock), l.remote.ack_addr,
+                  l.remote.ack_rkey, kImmAck))
+    return false;
+  s.acked_consumed = s.rx_pos;
+  s.acked_polled = s.polled;
+  s.ack_wanted = false;
+  return true;
+}
+
+// After the peer's FIN too: a peer that shut down only its sending side still receives,
+// and its acks need this side's receives back.
+void maybe_ack(Sock &s) {
+  const Link &l = s.link;
+  if (s.ack_wanted || s.rx_pos - s.acked_consumed >= l.ring_bytes / 4 ||
+      s.polled - s.acked_polled >= l.recv_depth / 4)
+    send_ack(s);
+}
+
+// The peer asked to cancel its SrcAvails up to peer_cancel_req: answer with how much of the
+// one being read (at the ring's head) was read. Never while a READ of it is in flight.
+void answer_cancel(Sock &s) {
+  if (s.peer_cancel_req <= s.cancel_answered || s.reads_pending) return;
+  uint64_t bytes = 0;
+  if (s.rx_pos < s.rx_produced) {
+    const Rec *r =
+        reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)));
+    // Only the advertisement being cancelled counts (an older one may still wait at the
+    // head to be skipped, with its own progress in rec_off).
+    if (r->type == kSrcAvail && r->arg == s.peer_cancel_req) bytes = s.rec_off;
+  }
+  s.skip_src_upto = s.peer_cancel_req;
+  s.cancel_answered = s.peer_cancel_req;
+  logf("fd %d: peer cancels SrcAvail %llu: %llu bytes were read", s.fd,
+       (unsigned long long)s.peer_cancel_req, (unsigned long long)bytes);
+  AckBlock &a = s.link.ack[1];
+  a.cancel = s.cancel_answered;
+  a.cancel_bytes = bytes;
+  s.ack_wanted = true;
+  send_ack(s);
+}
+
+// Reaps completions: immediates (ring bytes or acks), send-queue progress, errors.
+void progress(Sock &s) {
+  Link &l = s.link;
+  if (!l.cq) return;
+  ibv_wc wc[32];
+  uint32_t recvs = 0;
+  for (;;) {
+    int n = ibv_poll_cq(l.cq, 32, wc);
+    if (n <= 0) break;
+    for (int i = 0; i < n; ++i) {
+      const ibv_wc &w = wc[i];
+      if (w.status != IBV_WC_SUCCESS) {
+        if (w.opcode == IBV_WC_RDMA_READ || (w.opcode & IBV_WC_RECV) == 0) {
+          // Send-queue entries: the signaled one stands for the unsignaled before it.
+          if (w.status != IBV_WC_WR_FLUSH_ERR || w.wr_id) s.sq_used = 0;
+          if (s.reads_pending) --s.reads_pending;
+        }
+        set_error(s, ECONNRESET);
+        logf("fd %d: completion %s", s.fd, ibv_wc_status_str(w.status));
+        continue;
+      }
+      if (w.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        ++s.polled;
+        ++recvs;
+        uint32_t imm = ntohl(w.imm_data);
+        if (imm == kImmAck) {
+          // The ack slot is written by the peer: read it once, as it is now.
+          __atomic_thread_fence(__ATOMIC_ACQUIRE);
+          AckBlock a;
+          memcpy(&a, const_cast<const AckBlock *>(&l.ack[0]), sizeof a);
+          s.peer_consumed = std::max<uint64_t>(s.peer_consumed, a.consumed);
+          s.peer_polled = std::max<uint64_t>(s.peer_polled, a.polled);
+          s.peer_zc_done = std::max<uint64_t>(s.peer_zc_done, a.zc_done);
+          if (a.cancel > s.peer_cancel) {
+            s.peer_cancel = a.cancel;
+            s.peer_cancel_bytes = a.cancel_bytes;
+          }
+          s.peer_cancel_req = std::max<uint64_t>(s.peer_cancel_req, a.cancel_req);
+        } else {
+          s.rx_produced += imm;
+        }
+      } else if (w.opcode == IBV_WC_RDMA_READ) {
+        --s.reads_pending;
+        s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
+      } else {
+        s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
+      }
+    }
+  }
+  if (recvs && !link_post_recvs(l, recvs)) set_error(s, ECONNRESET);
+  if (s.peer_cancel_req > s.cancel_answered) answer_cancel(s);
+  // A side that only sends still reaps the peer's acks: it must say so, or the peer runs
+  // out of receives to ack into.
+  if (s.ack_wanted || s.polled - s.acked_polled >= l.recv_depth / 4) send_ack(s);
+}
+
+// The kernel socket of an SDP connection carries nothing after the handshake: readable
+// means the peer's process closed it, or died.
+void check_peer(Sock &s) {
+  if (s.peer_gone) return;
+  char c;
+  ssize_t r = real().recvfrom(s.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT, nullptr, nullptr);
+  if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    s.peer_gone = true;
+    progress(s);  // whatever it wrote before closing is in the CQ by now
+    if (!s.peer_fin) logf("fd %d: peer closed its socket without FIN", s.fd);
+  }
+}
+
+bool rx_ready(const Sock &s) {
+  return s.rx_pos < s.rx_produced || s.peer_fin;
+}
+
+bool tx_ready(const Sock &s, uint64_t bytes) {
+  return credit_bytes(s) >= bytes && credit_msgs(s) >= 2;
+}
+
+// Waits, with s.mu held through `lk` (released while sleeping), until ready() or the
+// connection breaks. Busy-polls for spin_us first. Returns 0, or EINTR when a signal came.
+template <class Ready>
+int wait_until(Sock &s, std::unique_lock<std::mutex> &lk, Ready ready) {
+  flush(s);
+  const uint64_t spin_end = now_ns() + uint64_t(config().spin_us) * 1000;
+  while (now_ns() < spin_end) {
+    progress(s);
+    if (ready() || s.error) return 0;
+    lk.unlock();
+    sched_yield();
+    lk.lock();
+  }
+  for (;;) {
+    flush(s);
+    ibv_req_notify_cq(s.link.cq, 0);
+    progress(s);
+    if (ready() || s.error) return 0;
+    if (s.peer_gone) {
+      if (!s.peer_fin) set_error(s, ECONNRESET);
+      return 0;
+    }
+    pollfd p[2] = {{s.link.channel->fd, POLLIN, 0}, {s.fd, POLLIN | POLLRDHUP, 0}};
+    lk.unlock();
+    int r = real().poll(p, 2, 100);
+    int err = errno;
+    lk.lock();
+    if (r < 0 && err == EINTR) return EINTR;
+    if (p[0].revents) stream_drain_channel(s);
+    if (p[1].revents) check_peer(s);
+  }
+}
+
+// A cursor over an iovec array.
+struct IoCursor {
+  const iovec *iov;
+  int cnt;
+  int i = 0;
+  size_t off = 0;
+  IoCursor(const iovec *v, int c) : iov(v), cnt(c) { skip_empty(); }
+  void skip_empty() {
+    while (i < cnt && off >= iov[i].iov_len) {
+      ++i;
+      off = 0;
+    }
+  }
+  bool done() const { return i >= cnt; }
+  char *ptr() const { return static_cast<char *>(iov[i].iov_base) + off; }
+  size_t seg_left() const { return iov[i].iov_len - off; }
+  void advance(size_t n) {
+    off += n;
+    skip_empty();
+  }
+  size_t copy_in(char *dst, size_t n) {  // from the iovecs into dst
+    size_t done_ = 0;
+    while (done_ < n && !done()) {
+      size_t k = std::min(n - done_, seg_left());
+      memcpy(dst + done_, ptr(), k);
+      done_ += k;
+      advance(k);
+    }
+    return done_;
+  }
+  size_t copy_out(const char *src, size_t n) {  // from src into the iovecs
+    size_t done_ = 0;
+    while (done_ < n && !done()) {
+      size_t k = std::min(n - done_, seg_left());
+      memcpy(ptr(), src + done_, k);
+      done_ += k;
+      advance(k);
+    }
+    return done_;
+  }
+};
+
+size_t iov_total(const iovec *iov, int cnt) {
+  size_t t = 0;
+  for (int i = 0; i < cnt; ++i) t += iov[i].iov_len;
+  return t;
+}
+
+// Ring bytes this side needs credit for to place a record of `rec` bytes now (a pad to the
+// ring's start first when it does not fit before the end).
+uint64_t need_bytes(const Sock &s, uint64_t rec) {
+  const uint64_t R = s.link.remote.ring_bytes;
+  const uint64_t contiguous = R - (s.tx_pos & (R - 1));
+  return contiguous < std::max<uint64_t>(rec, 2 * kRound) ? contiguous + rec : rec;
+}
+
+// Posts what the mirror holds beyond what was posted (coalesced small sends, pads): one
+// write with immediate per contiguous stretch. False when credits for the writes are short
+// (the data stays pending: the next call or the flusher thread posts it).
+bool flush(Sock &s) {
+  if (s.tx_posted == s.tx_pos) return true;
+  Link &l = s.link;
+  const uint64_t R = l.remote.ring_bytes;
+  const uint64_t first = s.tx_posted & (R - 1);
+  const bool wraps = first + (s.tx_pos - s.tx_posted) > R;
+  if (credit_msgs(s) < (wraps ? 3u : 2u)) return false;
+  if (s.pend_rec != ~0ull) {
+    Rec *rec = reinterpret_cast<Rec *>(l.mirror + (s.pend_rec & (R - 1)));
+    // Ask for an ack while this side can still send: the receiver acks such a record at once.
+    if (credit_bytes(s) < R / 2 || credit_msgs(s) < l.remote.recv_depth / 2) rec->flags |= kWantAck;
+    s.pend_rec = ~0ull;
+  }
+  while (s.tx_posted < s.tx_pos) {
+    const uint64_t off = s.tx_posted & (R - 1);
+    const uint64_t n = std::min<uint64_t>(s.tx_pos - s.tx_posted, R - off);
+    if (!post_write(s, l.mirror + off, l.mirror_mr->lkey, uint32_t(n), l.remote.ring_addr + off,
+                    l.remote.ring_rkey, uint32_t(n)))
+      return false;
+    s.tx_posted += n;
+  }
+  return true;
+}
+
+// Places a pad to the ring's end in the mirror (posted with what follows).
+bool put_pad(Sock &s) {
+  const uint64_t R = s.link.remote.ring_bytes;
+  const uint64_t off = s.tx_pos & (R - 1);
+  const uint64_t contiguous = R - off;
+  if (credit_bytes(s) < contiguous) return false;
+  Rec *pad = reinterpret_cast<Rec *>(s.link.mirror + off);
+  *pad = Rec{uint32_t(contiguous - kRound), kPad, 0, 0, 0};
+  s.pend_rec = ~0ull;
+  s.tx_pos += contiguous;
+  return true;
+}
+
+// BCopy: copies up to `want` bytes from cur into the mirror, growing the pending DATA record
+// (a new one when there is none, it is full, or it would pass the ring's end). Returns the
+// bytes taken (0: credits are short).
+size_t append_data(Sock &s, IoCursor &cur, size_t want) {
+  Link &l = s.link;
+  const uint64_t R = l.remote.ring_bytes;
+  const uint64_t cap = R / 4;  // a record this big is posted: acks must flow back
+  for (;;) {
+    if (s.pend_rec == ~0ull) {
+      const uint64_t off = s.tx_pos & (R - 1);
+      if (R - off < 2 * kRound) {
+        if (!put_pad(s)) return 0;
+        continue;
+      }
+      if (credit_bytes(s) < 2 * kRound) return 0;
+      Rec *rec = reinterpret_cast<Rec *>(l.mirror + off);
+      *rec = Rec{0, kData, 0, 0, 0};
+      s.pend_rec = s.tx_pos;
+      s.tx_pos += kRound;
+    }
+    const uint64_t at = s.pend_rec & (R - 1);
+    Rec *rec = reinterpret_cast<Rec *>(l.mirror + at);
+    const uint64_t len = rec->len;
+    const uint64_t limit = std::min<uint64_t>(R - at - kRound, cap);
+    // Growing to len + n moves tx_pos by round16(len + n) - round16(len): within credits.
+    const uint64_t room = std::min<uint64_t>(limit, round16(len) + credit_bytes(s));
+    if (room <= len) {
+      if (len < limit) return 0;  // credits are short
+      s.pend_rec = ~0ull;         // full: the next bytes start a new record
+      continue;
+    }
+    const size_t n = std::min<uint64_t>(want, room - len);
+    cur.copy_in(l.mirror + at + kRound + len, n);
+    rec->len = uint32_t(len + n);
+    s.tx_pos = s.pend_rec + kRound + round16(len + n);
+    if (rec->len >= cap) s.pend_rec = ~0ull;
+    return n;
+  }
+}
+
+// Writes one control record (SRC_AVAIL, FIN) after whatever is pending, and posts it all.
+// False when credits are short (wait for need_bytes()) or only a pad went.
+bool put_record(Sock &s, uint8_t type, uint64_t arg, const void *payload, size_t len) {
+  Link &l = s.link;
+  const uint64_t R = l.remote.ring_bytes;
+  const uint64_t off = s.tx_pos & (R - 1);
+  const uint64_t rec_bytes = kRound + round16(len);
+  if (R - off < std::max<uint64_t>(rec_bytes, 2 * kRound)) {
+    put_pad(s);
+    return false;
+  }
+  if (credit_bytes(s) < rec_bytes || credit_msgs(s) < 3) return false;
+  s.pend_rec = ~0ull;
+  Rec *rec = reinterpret_cast<Rec *>(l.mirror + off);
+  *rec = Rec{uint32_t(len), type, 0, 0, arg};
+  if (len) memcpy(l.mirror + off + kRound, payload, len);
+  s.tx_pos += rec_bytes;
+  return flush(s);
+}
+
+void raise_sigpipe(int flags) {
+  if (!(flags & MSG_NOSIGNAL)) pthread_kill(pthread_self(), SIGPIPE);
+}
+
+ssize_t send_failed(Sock &s, size_t sent, int flags) {
+  if (sent) return ssize_t(sent);
+  errno = s.error == ECONNRESET && !s.peer_gone ? ECONNRESET : EPIPE;
+  if (errno == EPIPE) raise_sigpipe(flags);
+  return -1;
+}
+
+// Whether the peer's next record for this side is a zero-copy advertisement: the peer is
+// blocked in its own zero-copy send.
+bool peer_src_at_head(const Sock &s) {
+  if (s.rx_pos >= s.rx_produced) return false;
+  const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)));
+  return r->type == kSrcAvail && r->arg > s.skip_src_upto;
+}
+
+// Read ZCopy, source side: advertise the buffer, wait until the sink has read it. The wait
+// is cancelled (SrcAvailCancel) by a signal, and when the peer is itself blocked sending
+// zero copy to this side (both would wait for ever): the rest then goes BCopy.
+// Returns bytes the sink read, -2 when the buffer cannot be registered, -1/errno.
+ssize_t zcopy_send(Sock &s, std::unique_lock<std::mutex> &lk, void *buf, size_t len, int flags,
+                   bool *interrupted) {
+  ibv_mr *mr = reg_user(buf, len);
+  if (!mr) return -2;
+  const uint64_t seq = ++s.src_seq;
+  SrcAvail sa{reinterpret_cast<uintptr_t>(buf), mr->rkey, uint32_t(len)};
+  int err = 0;
+  bool posted = false;
+  while (!err && !s.error && !posted) {
+    if (!tx_ready(s, need_bytes(s, 2 * kRound)))
+      err = wait_until(s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)); });
+    if (err || s.error) break;
+    posted = put_record(s, kSrcAvail, seq, &sa, sizeof sa);
+  }
+  size_t done = 0;
+  if (posted) {
+    const uint64_t patience = now_ns() + 1000000;  // 1 ms before suspecting a deadlock
+    err = wait_until(s, lk, [&] {
+      return s.peer_zc_done >= seq || (peer_src_at_head(s) && now_ns() > patience);
+    });
+    if (s.peer_zc_done >= seq) {
+      done = len;
+    } else if (!s.error) {
+      // The sink must stop reading before the buffer goes back to the program.
+      logf("fd %d: zero-copy send of %zu bytes cancelled (%s)", s.fd, len,
+           err == EINTR ? "signal" : "the peer sends zero copy too");
+      s.cancel_req = seq;
+      s.ack_wanted = true;
+      send_ack(s);
+      while (!s.error && s.peer_zc_done < seq && s.peer_cancel < seq)
+        wait_until(s, lk, [&] { return s.peer_zc_done >= seq || s.peer_cancel >= seq; });
+      done = s.peer_zc_done >= seq ? len : s.peer_cancel >= seq ? s.peer_cancel_bytes : 0;
+      logf("fd %d: cancel of %llu answered: %zu of %zu bytes read (zc_done %llu cancel %llu)", s.fd,
+           (unsigned long long)seq, done, len, (unsigned long long)s.peer_zc_done,
+           (unsigned long long)s.peer_cancel);
+    }
+  }
+  ibv_dereg_mr(mr);
+  s.stats.zcopy_tx += done;
+  *interrupted = err == EINTR;
+  if (done || s.error == 0) return ssize_t(done);
+  return send_failed(s, 0, flags);
+}
+
+}  // namespace
+
+// A socket another thread closed meanwhile: as the kernel answers for a closed descriptor.
+ssize_t closed_meanwhile() {
+  errno = EBADF;
+  return -1;
+}
+
+ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
+  std::unique_lock<std::mutex> lk(s.mu);
+  if (!s.link.qp) return closed_meanwhile();
+  const bool block = !s.nonblocking && !(flags & MSG_DONTWAIT);
+  if (s.fin_sent) {
+    errno = EPIPE;
+    raise_sigpipe(flags);
+    return -1;
+  }
+  // Completions are reaped when credits run short: a send that fits costs no poll.
+  if (s.error) return send_failed(s, 0, flags);
+  const size_t total = iov_total(iov, iovcnt);
+  if (total == 0) return 0;
+  const int thresh = s.zcopy_thresh >= 0 ? s.zcopy_thresh : config().zcopy_thresh;
+  size_t sent = 0;
+  if (block && thresh > 0 && iovcnt == 1 && total >= size_t(thresh) && total <= (1u << 31)) {
+    bool interrupted = false;
+    ssize_t r = zcopy_send(s, lk, iov[0].iov_base, total, flags, &interrupted);
+    if (r == -1 || size_t(r) == total) return r;
+    if (r >= 0) {
+      if (interrupted) {
+        if (r > 0) return r;
+        errno = EINTR;
+        return -1;
+      }
+      sent = size_t(r);
+    }
+  }
+  IoCursor cur(iov, iovcnt);
+  cur.advance(sent);
+  while (sent < total) {
+    if (s.error) return send_failed(s, sent, flags);
+    size_t n = append_data(s, cur, total - sent);
+    s.stats.bcopy_tx += n;
+    sent += n;
+    if (n) continue;
+    // The ring is full as far as this side knows: post what is pending, learn of acks.
+    flush(s);
+    progress(s);
+    if (tx_ready(s, need_bytes(s, 2 * kRound))) continue;
+    if (!block) {
+      if (sent) break;
+      errno = EAGAIN;
+      return -1;
+    }
+    if (wait_until(s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)); }) == EINTR) {
+      if (sent) break;
+      errno = EINTR;
+      return -1;
+    }
+  }
+  // Small sends in a burst (no receive or poll between them) coalesce: posted when enough
+  // is pending, else by the next call on the socket that may wait (a receive, a poll, a
+  // blocking send) or, within ~50 us, the flusher thread. The first ones of a burst go at
+  // once: a request is never held back from its answer.
+  if (++s.burst <= kBurstImmediate || s.tx_pos - s.tx_posted >= kCoalesceBytes) flush(s);
+  if (s.tx_posted != s.tx_pos) flusher_add(s);
+  return ssize_t(sent);
+}
+
+namespace {
+
+// RDMA-READs up to `n` bytes of the SrcAvail at the ring's head into `dst`.
+ssize_t zcopy_read(Sock &s, std::unique_lock<std::mutex> &lk, const SrcAvail &sa, uint32_t off,
+                   char *dst, size_t n) {
+  ibv_mr *mr = reg_user(dst, n);
+  if (!mr) return -1;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(dst), uint32_t(n), mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr_id = s.unsignaled + 1;
+  s.unsignaled = 0;
+  wr.wr.rdma.remote_addr = sa.addr + off;
+  wr.wr.rdma.rkey = sa.rkey;
+  ibv_send_wr *bad = nullptr;
+  ssize_t r = -1;
+  if (int e = ibv_post_send(s.link.qp, &wr, &bad)) {
+    set_error(s, e);
+  } else {
+    ++s.sq_used;
+    ++s.reads_pending;
+    while (s.reads_pending && !s.error) wait_until(s, lk, [&] { return s.reads_pending == 0; });
+    if (!s.error) r = ssize_t(n);
+  }
+  ibv_dereg_mr(mr);
+  return r;
+}
+
+// Delivers what the ring holds into `cur` (without consuming it when peek). Returns bytes.
+size_t deliver(Sock &s, std::unique_lock<std::mutex> &lk, IoCursor &cur, bool peek) {
+  Link &l = s.link;
+  const uint64_t mask = l.ring_bytes - 1;
+  uint64_t pos = s.rx_pos;
+  uint32_t off = s.rec_off;  // DATA: payload bytes delivered; SRC_AVAIL: bytes read
+  size_t total = 0;
+  while (!cur.done() && pos < s.rx_produced && !s.error) {
+    const Rec rec = *reinterpret_cast<const Rec *>(l.ring + (pos & mask));
+    const char *payload = l.ring + (pos & mask) + kRound;
+    bool consumed = false;
+    if (rec.type == kData) {
+      size_t n = cur.copy_out(payload + off, rec.len - off);
+      off += uint32_t(n);
+      total += n;
+      if (!peek) {
+        s.stats.bcopy_rx += n;
+        if (rec.flags & kWantAck) s.ack_wanted = true;
+      }
+      consumed = off == rec.len;
+      if (!consumed) break;  // the caller's buffer is full
+    } else if (rec.type == kPad) {
+      consumed = true;
+    } else if (rec.type == kFin) {
+      if (total || peek) break;
+      s.peer_fin = true;
+      pos += kRound;
+      off = 0;
+      break;
+    } else if (rec.type == kSrcAvail) {
+      SrcAvail sa;
+      memcpy(&sa, payload, sizeof sa);
+      if (rec.arg <= s.skip_src_upto) {
+        consumed = true;  // cancelled by the source
+      } else if (peek) {
+        break;  // what a zero-copy advertisement offers is not peeked at
+      } else {
+        size_t n = std::min<size_t>(sa.len - off, cur.seg_left());
+        // Counted as read before the READ: a cancel answered meanwhile must include it.
+        s.rx_pos = pos;
+        s.rec_off = off + uint32_t(n);
+        if (zcopy_read(s, lk, sa, off, cur.ptr(), n) < 0) {
+          s.rec_off = off;
+          break;
+        }
+        cur.advance(n);
+        total += n;
+        s.stats.zcopy_rx += n;
+        off += uint32_t(n);
+        if (rec.arg <= s.skip_src_upto) {
+          consumed = true;  // cancelled while reading: the answer counted this read
+        } else if (off == sa.len) {
+          s.zc_done = std::max(s.zc_done, rec.arg);
+          s.ack_wanted = true;  // the source's send() is waiting for this
+          consumed = true;
+        }
+      }
+    } else {
+      set_error(s, EPROTO);
+      break;
+    }
+    if (!consumed) continue;
+    pos += kRound + round16(rec.len);
+    off = 0;
+  }
+  if (!peek) {
+    s.rx_pos = pos;
+    s.rec_off = off;
+    maybe_ack(s);
+  }
+  return total;
+}
+
+}  // namespace
+
+ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
+  std::unique_lock<std::mutex> lk(s.mu);
+  if (!s.link.qp) return closed_meanwhile();
+  const bool block = !s.nonblocking && !(flags & MSG_DONTWAIT);
+  const bool peek = flags & MSG_PEEK;
+  const size_t want = iov_total(iov, iovcnt);
+  IoCursor cur(iov, iovcnt);
+  size_t got = 0;
+  flush(s);  // a request waiting to coalesce goes before its answer is awaited
+  s.burst = 0;
+  for (;;) {
+    if (s.rd_shut) return ssize_t(got);
+    progress(s);
+    size_t n = deliver(s, lk, cur, peek);
+    got += n;
+    if (got == want || (got && !(flags & MSG_WAITALL)) || (got && peek)) return ssize_t(got);
+    if (s.peer_fin || want == 0) return ssize_t(got);
+    if (s.error) {
+      if (got) return ssize_t(got);
+      errno = s.error;
+      return -1;
+    }
+    if (!block) {
+      if (got) return ssize_t(got);
+      errno = EAGAIN;
+      return -1;
+    }
+    int e = wait_until(s, lk, [&] { return rx_ready(s) && s.rx_pos < s.rx_produced; });
+    if (e == EINTR) {
+      if (got) return ssize_t(got);
+      errno = EINTR;
+      return -1;
+    }
+    if (s.peer_gone && !rx_ready(s) && !s.peer_fin) set_error(s, ECONNRESET);
+  }
+}
+
+short stream_poll(Sock &s) {
+  std::unique_lock<std::mutex> lk(s.mu);
+  if (!s.link.qp) return POLLNVAL;
+  flush(s);
+  s.burst = 0;
+  progress(s);
+  short r = 0;
+  if (s.rx_pos < s.rx_produced || s.peer_fin || s.rd_shut) r |= POLLIN;
+  if (s.peer_fin) r |= POLLRDHUP;
+  if (s.fin_sent || (tx_ready(s, std::min<uint64_t>(s.link.remote.ring_bytes / 4, 65536))))
+    r |= POLLOUT;
+  if (!r && !s.peer_gone) {
+    lk.unlock();
+    pollfd p{s.fd, POLLIN | POLLRDHUP, 0};
+    int k = real().poll(&p, 1, 0);
+    lk.lock();
+    if (k > 0) check_peer(s);
+  }
+  if (s.peer_gone && !s.peer_fin) set_error(s, ECONNRESET);
+  if (s.error) r |= POLLERR | POLLHUP | POLLIN;
+  if (s.peer_fin && s.fin_sent) r |= POLLHUP;
+  return r;
+}
+
+bool stream_arm(Sock &s) {
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (s.link.cq) ibv_req_notify_cq(s.link.cq, 0);
+  return true;
+}
+
+void stream_drain_channel(Sock &s) {
+  ibv_cq *cq;
+  void *ctx;
+  unsigned n = 0;
+  while (ibv_get_cq_event(s.link.channel, &cq, &ctx) == 0) ++n;
+  if (n) ibv_ack_cq_events(s.link.cq, n);
+}
+
+int stream_fionread(Sock &s) {
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (!s.link.qp) return 0;
+  progress(s);
+  const uint64_t mask = s.link.ring_bytes - 1;
+  uint64_t n = 0;
+  uint32_t off = s.rec_off;
+  for (uint64_t pos = s.rx_pos; pos < s.rx_produced;) {
+    const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (pos & mask));
+    if (r->type == kData) n += r->len - off;
+    if (r->type == kSrcAvail) {
+      SrcAvail sa;
+      memcpy(&sa, s.link.ring + (pos & mask) + kRound, sizeof sa);
+      if (r->arg > s.skip_src_upto) n += sa.len - off;
+    }
+    pos += kRound + round16(r->len);
+    off = 0;
+  }
+  return int(std::min<uint64_t>(n, INT32_MAX));
+}
+
+namespace {
+
+// FIN: the peer reads end of stream after everything sent before it.
+void send_fin(Sock &s, std::unique_lock<std::mutex> &lk, int wait_ms) {
+  if (s.fin_sent || s.error || s.state != State::kSdp) return;
+  const uint64_t end = now_ns() + uint64_t(wait_ms) * 1000000;
+  while (!s.error && now_ns() < end) {
+    progress(s);
+    if (tx_ready(s, need_bytes(s, kRound)) && put_record(s, kFin, 0, nullptr, 0)) {
+      s.fin_sent = true;
+      return;
+    }
+    if (tx_ready(s, need_bytes(s, kRound))) continue;  // that was a pad
+    lk.unlock();
+    usleep(200);
+    lk.lock();
+    if (!s.peer_gone) check_peer(s);
+    if (s.peer_gone) return;
+  }
+}
+
+}  // namespace
+
+int stream_shutdown(Sock &s, int how) {
+  std::unique_lock<std::mutex> lk(s.mu);
+  if (how == SHUT_RD || how == SHUT_RDWR) s.rd_shut = true;
+  if (how == SHUT_WR || how == SHUT_RDWR) send_fin(s, lk, 5000);
+  return 0;
+}
+
+void stream_close(Sock &s) {
+  std::unique_lock<std::mutex> lk(s.mu);
+  if (s.state == State::kSdp) {
+    send_fin(s, lk, 1000);
+    // Let the last writes land before the QP goes (the fabric may still be reading the mirror).
+    const uint64_t end = now_ns() + 1000000000ull;
+    if (s.sq_used && !s.error) {
+      ibv_send_wr wr{};  // a signaled empty write flushes the count of what went before
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr_id = s.unsignaled + 1;
+      wr.wr.rdma.remote_addr = s.link.remote.ring_addr;
+      wr.wr.rdma.rkey = s.link.remote.ring_rkey;
+      ibv_send_wr *bad;
+      if (ibv_post_send(s.link.qp, &wr, &bad) == 0) {
+        s.unsignaled = 0;
+        ++s.sq_used;
+      }
+      while (s.sq_used && !s.error && now_ns() < end) progress(s);
+    }
+  }
+  write_stats(s);
+  link_destroy(s.link);
+}
+
+namespace {
+
+// The flusher: small sends held to coalesce are posted within about kHoldNs even when the
+// program makes no further call on the socket (it blocks elsewhere, or sleeps).
+struct Flusher {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool waiting = false;  // on cv: the next add wakes it (else it comes by itself)
+  std::vector<std::weak_ptr<Sock>> list;
+};
+Flusher *flusher = nullptr;
+pid_t flusher_pid = 0;
+std::mutex flusher_start_mu;
+
+void flusher_main(Flusher *f) {
+  for (;;) {
+    std::vector<std::weak_ptr<Sock>> list;
+    {
+      std::unique_lock<std::mutex> lk(f->mu);
+      f->waiting = true;
+      f->cv.wait(lk, [f] { return !f->list.empty(); });
+      f->waiting = false;
+    }
+    // Most held sends are posted by the program's next call; come by once in a while.
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    {
+      std::lock_guard<std::mutex> lk(f->mu);
+      list.swap(f->list);
+    }
+    for (auto &w : list) {
+      std::shared_ptr<Sock> s = w.lock();
+      if (!s) continue;
+      std::lock_guard<std::mutex> lk(s->mu);
+      s->in_flush_list = false;
+      if (!s->link.qp || s->inherited || s->tx_posted == s->tx_pos) continue;
+      progress(*s);
+      if (!flush(*s)) flusher_add(*s);  // credits short: again later
+    }
+  }
+}
+
+}  // namespace
+
+void flusher_add(Sock &s) {
+  if (s.in_flush_list) return;
+  s.in_flush_list = true;
+  Flusher *f;
+  {
+    std::lock_guard<std::mutex> lk(flusher_start_mu);
+    if (flusher_pid != getpid()) {  // first use, or a fork()ed child: a thread of its own
+      flusher_pid = getpid();
+      flusher = new Flusher();  // the parent's (and its locks) are not this process's
+      std::thread(flusher_main, flusher).detach();
+    }
+    f = flusher;
+  }
+  std::lock_guard<std::mutex> lk(f->mu);
+  f->list.push_back(s.weak_from_this());
+  if (f->waiting) f->cv.notify_one();
+}
+
+}  // namespace sdp
