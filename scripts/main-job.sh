@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The main job: runs a two-node emulated fabric and prints a table of RDMA WRITE, READ and SEND
 # bandwidth and latency from 1 B to 4 MiB beside the memcpy and shared-memory ping-pong
-# references measured in the same run, then plots bandwidth against size.
+# references measured in the same run, then plots bandwidth against size. Then the socket
+# layer beside kernel TCP loopback (scripts/sdp-bench.sh: stream sweep, latency, BCopy/ZCopy).
 #
 # usage: scripts/main-job.sh [OUTPUT_DIR] [pcientb-perf options...]
-#   OUTPUT_DIR defaults to ./results; it receives perf.csv, table.txt and bandwidth.png.
-#   Options after it go to pcientb-perf (see pcientb-perf --help), e.g. --seconds 1.
+#   OUTPUT_DIR defaults to ./results; it receives perf.csv, table.txt and bandwidth.png, and
+#   sdp/ (sdp-bench.md, .json, plots). Options after it go to pcientb-perf (see
+#   pcientb-perf --help), e.g. --seconds 1. PCIENTB_MAIN_JOB_SDP=0 skips the socket part.
 # Finds pcientb-perf in $PCIENTB_PERF, the build tree (build/, build-asan/) or $PATH.
 set -euo pipefail
 
 case "${1:-}" in
-  -h | --help) sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "" | -*) out=./results ;;
   *) out=$1; shift ;;
 esac
@@ -59,5 +61,10 @@ if [ -z "$plot" ] || [ -z "$python" ]; then
     "(apt-get install python3-matplotlib)" >&2
   exit 1
 fi
-"$python" "$plot" "$out/perf.csv" "$out/bandwidth.png"
+"$python" "$plot" "$out/perf.csv" "$out/bandwidth.png" || status=1
+
+if [ "${PCIENTB_MAIN_JOB_SDP:-1}" != 0 ]; then
+  echo "main-job: the SDP socket layer beside kernel TCP -> $out/sdp" >&2
+  "$here/sdp-bench.sh" "$out/sdp" || status=1
+fi
 exit "$status"

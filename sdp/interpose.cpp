@@ -523,9 +523,16 @@ SDP_EXPORT int ioctl(int fd, unsigned long req, ...) {
   void *arg = va_arg(ap, void *);
   va_end(ap);
   std::shared_ptr<Sock> s = find_sock(fd);
-  if (s && req == FIONREAD && s->state == State::kSdp) {
-    *static_cast<int *>(arg) = stream_fionread(*s);
-    return 0;
+  if (s && req == FIONREAD && sdp_like(*s)) {
+    // Negotiating: the kernel holds handshake bytes, none of the program's yet.
+    if (negotiating(*s)) {
+      std::lock_guard<std::mutex> lk(s->mu);
+      handshake_progress(*s, false);
+    }
+    if (s->state == State::kSdp || negotiating(*s)) {
+      *static_cast<int *>(arg) = s->state == State::kSdp ? stream_fionread(*s) : 0;
+      return 0;
+    }
   }
   int r = real().ioctl(fd, req, arg);
   if (r == 0 && s && req == FIONBIO) s->nonblocking = *static_cast<int *>(arg) != 0;
@@ -609,5 +616,14 @@ SDP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
     if (s) s->zcopy_thresh = *static_cast<const int *>(val);
     return 0;
   }
-  return real().setsockopt(fd, level, name, val, len);
+  int r = real().setsockopt(fd, level, name, val, len);
+  if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && val &&
+      len >= sizeof(timeval)) {
+    if (std::shared_ptr<Sock> s = find_sock(fd)) {  // the layer's waits keep them too
+      const timeval *tv = static_cast<const timeval *>(val);
+      int64_t ns = int64_t(tv->tv_sec) * 1000000000ll + int64_t(tv->tv_usec) * 1000;
+      (name == SO_RCVTIMEO ? s->rcv_timeo_ns : s->snd_timeo_ns) = ns;
+    }
+  }
+  return r;
 }

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -93,6 +94,8 @@ bool link_create(Link &l) {
   // Wakeups are consumed without blocking (several waiters may race for one).
   fcntl(l.channel->fd, F_SETFL, fcntl(l.channel->fd, F_GETFL) | O_NONBLOCK);
   fcntl(l.channel->fd, F_SETFD, FD_CLOEXEC);
+  l.kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (l.kick_fd < 0) return false;
   l.cq = ibv_create_cq(d->ctx, int(l.send_depth + l.recv_depth + 16), nullptr, l.channel, 0);
   if (!l.cq) return false;
   ibv_qp_init_attr qa{};
@@ -199,6 +202,7 @@ void link_destroy(Link &l) {
   if (l.qp) ibv_destroy_qp(l.qp);
   if (l.cq) ibv_destroy_cq(l.cq);
   if (l.channel) ibv_destroy_comp_channel(l.channel);
+  if (l.kick_fd >= 0) real().close(l.kick_fd);
   if (l.ring_mr) ibv_dereg_mr(l.ring_mr);
   if (l.mirror_mr) ibv_dereg_mr(l.mirror_mr);
   if (l.ack_mr) ibv_dereg_mr(l.ack_mr);

@@ -115,18 +115,32 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     for (nfds_t i = 0; i < n && !late; ++i)
       if (socks[i]) late = sock_revents(socks[i], fds[i].events) > 0;
     if (late) continue;
+    const size_t chan_end = k.size();
     for (nfds_t i = 0; i < n; ++i)
       if (socks[i]) {
         k.push_back({socks[i]->fd, POLLIN | POLLRDHUP, 0});
         kidx.push_back(i);
       }
+    const size_t sock_end = k.size();
+    for (nfds_t i = 0; i < n; ++i)
+      if (socks[i] && socks[i]->link.kick_fd >= 0) {
+        k.push_back({socks[i]->link.kick_fd, POLLIN, 0});
+        kidx.push_back(i);
+        ++socks[i]->sleepers;
+      }
     int ms = remaining_ms(deadline);
     timespec ts{ms / 1000, (ms % 1000) * 1000000l};
     int r = real().ppoll(k.data(), k.size(), ms < 0 ? nullptr : &ts, mask);
-    if (r < 0) return -1;
-    for (size_t j = kernel_n; j < k.size(); ++j)
-      if (k[j].revents && k[j].fd != socks[kidx[j]]->fd && socks[kidx[j]]->link.channel)
-        stream_drain_channel(*socks[kidx[j]]);
+    int err = errno;
+    for (size_t j = sock_end; j < k.size(); ++j) --socks[kidx[j]]->sleepers;
+    if (r < 0) {
+      errno = err;
+      return -1;
+    }
+    for (size_t j = sock_end; j < k.size(); ++j)
+      if (k[j].revents) stream_take_kick(*socks[kidx[j]]);
+    for (size_t j = kernel_n; j < chan_end; ++j)
+      if (k[j].revents) stream_drain_channel(*socks[kidx[j]]);
   }
 }
 
@@ -176,17 +190,19 @@ int mux_select(int nfds, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns,
 
 constexpr uint64_t kTag = 0xfedc000000000000ull;  // no user pointer has these top bits
 constexpr uint64_t kTagMask = 0xffff000000000000ull;
+// kind 0: the socket's own descriptor, 1: its completion channel, 2: its kick.
 uint64_t tag(int fd, int kind) {
-  return kTag | (uint64_t(uint32_t(fd)) << 1) | uint64_t(kind);
+  return kTag | (uint64_t(uint32_t(fd)) << 2) | uint64_t(kind);
 }
 
 struct Reg {
   std::shared_ptr<Sock> s;
   uint32_t events = 0;
   epoll_data_t data{};
-  bool kernel = false;    // registered in the kernel as the program asked (not SDP yet)
-  bool disabled = false;  // EPOLLONESHOT fired
-  uint32_t last = 0;      // edge-triggered: what was reported and still holds
+  bool kernel = false;        // registered in the kernel as the program asked (not SDP yet)
+  bool disabled = false;      // EPOLLONESHOT fired
+  bool watched_link = false;  // its channel and kick are in the kernel set
+  uint32_t last = 0;          // edge-triggered: what was reported and still holds
   uint64_t rx_seen = 0, tx_seen = 0;
 };
 
@@ -225,12 +241,19 @@ void watch(int epfd, int fd, Reg &reg) {
     ev.data.u64 = tag(fd, 1);
     real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->link.channel->fd, &ev);
   }
+  if (reg.s->link.kick_fd >= 0) {
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag(fd, 2);
+    real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->link.kick_fd, &ev);
+  }
+  reg.watched_link = reg.s->link.channel != nullptr;
 }
 
 void unwatch(int epfd, Reg &reg) {
   if (reg.kernel) return;
   real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->fd, nullptr);
   if (reg.s->link.channel) real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->link.channel->fd, nullptr);
+  if (reg.s->link.kick_fd >= 0) real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->link.kick_fd, nullptr);
 }
 
 // The registrations that are ready, as the program asked for them.
@@ -241,6 +264,11 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max) {
     std::lock_guard<std::mutex> lk(set.mu);
     for (auto &[fd, reg] : set.regs) {
       if (sdp_like(*reg.s) && reg.kernel) watch(epfd, fd, reg);  // it became SDP meanwhile
+      if (!reg.kernel && !reg.watched_link && reg.s->link.channel) {
+        // Registered while negotiating: its channel and kick exist now.
+        real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->fd, nullptr);
+        watch(epfd, fd, reg);
+      }
       if (!reg.kernel && !reg.disabled) todo.push_back({fd, &reg});
     }
   }
@@ -298,14 +326,16 @@ int take_kernel(EpSet &set, epoll_event *k, int kn, epoll_event *out, int n, int
       if (n < max) out[n++] = k[i];
       continue;
     }
-    int fd = int((k[i].data.u64 >> 1) & 0xffffffffu);
+    int fd = int((k[i].data.u64 >> 2) & 0xffffffffu);
     std::shared_ptr<Sock> s;
     {
       std::lock_guard<std::mutex> lk(set.mu);
       auto it = set.regs.find(fd);
       if (it != set.regs.end()) s = it->second.s;
     }
-    if (s && (k[i].data.u64 & 1) && s->link.channel) stream_drain_channel(*s);
+    const uint64_t kind = k[i].data.u64 & 3;
+    if (s && kind == 1) stream_drain_channel(*s);
+    if (s && kind == 2) stream_take_kick(*s);
   }
   return n;
 }
@@ -344,8 +374,14 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     for (auto &s : armed) stream_arm(*s);
     n = scan(epfd, *set, out, max);
     if (n) return n;
+    for (auto &s : armed) ++s->sleepers;
     int kn = real().epoll_pwait(epfd, k.data(), int(k.size()), remaining_ms(deadline), mask);
-    if (kn < 0) return -1;
+    int err = errno;
+    for (auto &s : armed) --s->sleepers;
+    if (kn < 0) {
+      errno = err;
+      return -1;
+    }
     n = take_kernel(*set, k.data(), kn, out, 0, max);
     if (n) return n;
   }

@@ -78,6 +78,7 @@ struct Link {
   ibv_mr *ring_mr = nullptr;
   char *mirror = nullptr;  // what this side writes into the peer's ring is staged here
   ibv_mr *mirror_mr = nullptr;
+  int kick_fd = -1;         // eventfd: wakes this socket's other sleepers when one took a wakeup
   AckBlock *ack = nullptr;  // [0]: written by the peer; [1]: source of this side's acks
   ibv_mr *ack_mr = nullptr;
   uint32_t ring_bytes = 0;
@@ -112,6 +113,8 @@ short stream_poll(Sock &s);
 bool stream_arm(Sock &s);
 // Consumes a completion-channel wakeup (non-blocking).
 void stream_drain_channel(Sock &s);
+// Consumes a kick (another thread took this socket's wakeup).
+void stream_take_kick(Sock &s);
 int stream_shutdown(Sock &s, int how);
 void stream_close(Sock &s);
 int stream_fionread(Sock &s);
@@ -170,9 +173,13 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t tx_posted = 0;     // ring bytes whose writes are posted (the rest coalesces)
   uint64_t pend_rec = ~0ull;  // position of the DATA record small sends still append to
   bool in_flush_list = false;
-  uint32_t burst = 0;          // sends since the last receive or poll
-  uint64_t tx_msgs = 0;        // write-with-immediate operations posted
-  uint64_t peer_consumed = 0;  // from the peer's acks
+  bool force_signal = false;                   // the next post is signaled (close waits for it)
+  bool reset_reported = false;                 // ECONNRESET was returned once; EPIPE from then on
+  int64_t rcv_timeo_ns = 0, snd_timeo_ns = 0;  // SO_RCVTIMEO / SO_SNDTIMEO (0: none)
+  std::atomic<int> sleepers{0};  // threads asleep in the kernel on this socket's wakeups
+  uint32_t burst = 0;            // sends since the last receive or poll
+  uint64_t tx_msgs = 0;          // write-with-immediate operations posted
+  uint64_t peer_consumed = 0;    // from the peer's acks
   uint64_t peer_polled = 0;
   uint64_t peer_zc_done = 0;
   uint64_t src_seq = 0;     // SrcAvail advertisements sent
@@ -183,8 +190,10 @@ struct Sock : std::enable_shared_from_this<Sock> {
   // Receive side: the records the peer wrote into this side's ring.
   uint64_t rx_produced = 0;  // ring bytes announced by the peer's immediates
   uint64_t rx_pos = 0;       // ring bytes consumed (whole records)
-  uint32_t rec_off = 0;      // payload bytes of the record at rx_pos already delivered
-  uint64_t polled = 0;       // immediates reaped
+  uint64_t rx_scan = 0;      // records looked at for a FIN (poll reports it before recv)
+  bool fin_arrived = false;
+  uint32_t rec_off = 0;  // payload bytes of the record at rx_pos already delivered
+  uint64_t polled = 0;   // immediates reaped
   uint64_t acked_consumed = 0, acked_polled = 0;
   uint64_t zc_done = 0;  // SrcAvails of the peer fully read
   bool ack_wanted = false;

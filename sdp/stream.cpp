@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,8 +65,15 @@ uint64_t credit_bytes(const Sock &s) {
 uint64_t credit_msgs(const Sock &s) {
   return s.link.remote.recv_depth - (s.tx_msgs - s.peer_polled);
 }
+// Data (and zero-copy advertisements) leave room for a FIN, so that close never waits on a
+// peer that does not read: the ring bytes of a pad and a FIN, and one write for it.
+constexpr uint64_t kFinReserve = 32;
+uint64_t data_credit(const Sock &s) {
+  uint64_t c = credit_bytes(s);
+  return c > kFinReserve ? c - kFinReserve : 0;
+}
 
-bool flush(Sock &s);
+bool flush(Sock &s, bool fin = false);
 
 void set_error(Sock &s, int err) {
   if (!s.error) {
@@ -89,7 +97,8 @@ bool post_write(Sock &s, const void *src, uint32_t lkey, uint32_t len, uint64_t 
   wr.wr.rdma.rkey = rkey;
   if (len <= l.max_inline) wr.send_flags |= IBV_SEND_INLINE;
   ++s.unsignaled;
-  if (s.unsignaled >= 64 || s.sq_used + 1 >= l.send_depth / 2) {
+  if (s.unsignaled >= 64 || s.sq_used + 1 >= l.send_depth / 2 || s.force_signal) {
+    s.force_signal = false;
     wr.send_flags |= IBV_SEND_SIGNALED;
     wr.wr_id = s.unsignaled;
     s.unsignaled = 0;
@@ -211,6 +220,12 @@ void progress(Sock &s) {
     }
   }
   if (recvs && !link_post_recvs(l, recvs)) set_error(s, ECONNRESET);
+  // A FIN is reported by poll (POLLRDHUP) as soon as it arrives, before recv reaches it.
+  while (s.rx_scan < s.rx_produced) {
+    const Rec *r = reinterpret_cast<const Rec *>(l.ring + (s.rx_scan & (l.ring_bytes - 1)));
+    if (r->type == kFin) s.fin_arrived = true;
+    s.rx_scan += kRound + round16(r->len);
+  }
   if (s.peer_cancel_req > s.cancel_answered) answer_cancel(s);
   // A side that only sends still reaps the peer's acks: it must say so, or the peer runs
   // out of receives to ack into.
@@ -234,39 +249,77 @@ bool rx_ready(const Sock &s) {
   return s.rx_pos < s.rx_produced || s.peer_fin;
 }
 
+bool fin_at_head(const Sock &s) {
+  if (s.rx_pos >= s.rx_produced) return false;
+  return reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)))->type ==
+         kFin;
+}
+
+// Room for a record of `bytes` (after the FIN reserve), and writes for it beyond an ack's
+// and a FIN's.
 bool tx_ready(const Sock &s, uint64_t bytes) {
-  return credit_bytes(s) >= bytes && credit_msgs(s) >= 2;
+  return data_credit(s) >= bytes && credit_msgs(s) >= 4;
+}
+
+// After EINTR: whether the call restarts, as the kernel restarts a socket call when the
+// signal's handler has SA_RESTART. Which signal came is not known here: restart only when
+// every caught signal's handler asks for it.
+bool restart_after_signal() {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction sa;
+    if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, nullptr, &sa) != 0) continue;
+    bool caught = (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction != nullptr
+                                             : sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+    if (caught && !(sa.sa_flags & SA_RESTART)) return false;
+  }
+  return true;
 }
 
 // Waits, with s.mu held through `lk` (released while sleeping), until ready() or the
-// connection breaks. Busy-polls for spin_us first. Returns 0, or EINTR when a signal came.
+// connection breaks. Busy-polls for spin_us first. Returns 0; EINTR when a signal came (and
+// the call does not restart); EAGAIN when timeout_ns (> 0) passed; EBADF when another thread
+// closed the socket meanwhile.
 template <class Ready>
-int wait_until(Sock &s, std::unique_lock<std::mutex> &lk, Ready ready) {
+int wait_until(Sock &s, std::unique_lock<std::mutex> &lk, Ready ready, int64_t timeout_ns = 0) {
   flush(s);
-  const uint64_t spin_end = now_ns() + uint64_t(config().spin_us) * 1000;
+  const uint64_t start = now_ns();
+  const uint64_t spin_end = start + uint64_t(config().spin_us) * 1000;
   while (now_ns() < spin_end) {
     progress(s);
     if (ready() || s.error) return 0;
     lk.unlock();
     sched_yield();
     lk.lock();
+    if (!s.link.qp) return EBADF;
   }
   for (;;) {
     flush(s);
     ibv_req_notify_cq(s.link.cq, 0);
     progress(s);
     if (ready() || s.error) return 0;
-    if (s.peer_gone) {
-      if (!s.peer_fin) set_error(s, ECONNRESET);
+    if (s.peer_gone) {  // its process closed the socket (after a FIN) or died (without)
+      set_error(s, s.peer_fin || s.fin_arrived ? EPIPE : ECONNRESET);
       return 0;
     }
-    pollfd p[2] = {{s.link.channel->fd, POLLIN, 0}, {s.fd, POLLIN | POLLRDHUP, 0}};
+    int ms = 100;
+    if (timeout_ns > 0) {
+      int64_t left = int64_t(start) + timeout_ns - int64_t(now_ns());
+      if (left <= 0) return EAGAIN;
+      ms = int(std::min<int64_t>(ms, (left + 999999) / 1000000));
+    }
+    pollfd p[3] = {{s.link.channel->fd, POLLIN, 0},
+                   {s.fd, POLLIN | POLLRDHUP, 0},
+                   {s.link.kick_fd, POLLIN, 0}};
+    ++s.sleepers;
     lk.unlock();
-    int r = real().poll(p, 2, 100);
+    int r = real().poll(p, 3, ms);
     int err = errno;
     lk.lock();
-    if (r < 0 && err == EINTR) return EINTR;
+    --s.sleepers;
+    if (!s.link.qp) return EBADF;
+    if (r < 0 && err == EINTR && !restart_after_signal()) return EINTR;
     if (p[0].revents) stream_drain_channel(s);
+    if (p[2].revents) stream_take_kick(s);
     if (p[1].revents) check_peer(s);
   }
 }
@@ -329,14 +382,15 @@ uint64_t need_bytes(const Sock &s, uint64_t rec) {
 
 // Posts what the mirror holds beyond what was posted (coalesced small sends, pads): one
 // write with immediate per contiguous stretch. False when credits for the writes are short
-// (the data stays pending: the next call or the flusher thread posts it).
-bool flush(Sock &s) {
+// (the data stays pending: the next call or the flusher thread posts it). Writes for an ack
+// (and, unless this is the FIN's flush, for the FIN) are kept.
+bool flush(Sock &s, bool fin) {
   if (s.tx_posted == s.tx_pos) return true;
   Link &l = s.link;
   const uint64_t R = l.remote.ring_bytes;
   const uint64_t first = s.tx_posted & (R - 1);
   const bool wraps = first + (s.tx_pos - s.tx_posted) > R;
-  if (credit_msgs(s) < (wraps ? 3u : 2u)) return false;
+  if (credit_msgs(s) < (wraps ? 2u : 1u) + (fin ? 1u : 2u)) return false;
   if (s.pend_rec != ~0ull) {
     Rec *rec = reinterpret_cast<Rec *>(l.mirror + (s.pend_rec & (R - 1)));
     // Ask for an ack while this side can still send: the receiver acks such a record at once.
@@ -355,11 +409,11 @@ bool flush(Sock &s) {
 }
 
 // Places a pad to the ring's end in the mirror (posted with what follows).
-bool put_pad(Sock &s) {
+bool put_pad(Sock &s, bool fin = false) {
   const uint64_t R = s.link.remote.ring_bytes;
   const uint64_t off = s.tx_pos & (R - 1);
   const uint64_t contiguous = R - off;
-  if (credit_bytes(s) < contiguous) return false;
+  if ((fin ? credit_bytes(s) : data_credit(s)) < contiguous) return false;
   Rec *pad = reinterpret_cast<Rec *>(s.link.mirror + off);
   *pad = Rec{uint32_t(contiguous - kRound), kPad, 0, 0, 0};
   s.pend_rec = ~0ull;
@@ -381,7 +435,7 @@ size_t append_data(Sock &s, IoCursor &cur, size_t want) {
         if (!put_pad(s)) return 0;
         continue;
       }
-      if (credit_bytes(s) < 2 * kRound) return 0;
+      if (data_credit(s) < 2 * kRound) return 0;
       Rec *rec = reinterpret_cast<Rec *>(l.mirror + off);
       *rec = Rec{0, kData, 0, 0, 0};
       s.pend_rec = s.tx_pos;
@@ -392,7 +446,7 @@ size_t append_data(Sock &s, IoCursor &cur, size_t want) {
     const uint64_t len = rec->len;
     const uint64_t limit = std::min<uint64_t>(R - at - kRound, cap);
     // Growing to len + n moves tx_pos by round16(len + n) - round16(len): within credits.
-    const uint64_t room = std::min<uint64_t>(limit, round16(len) + credit_bytes(s));
+    const uint64_t room = std::min<uint64_t>(limit, round16(len) + data_credit(s));
     if (room <= len) {
       if (len < limit) return 0;  // credits are short
       s.pend_rec = ~0ull;         // full: the next bytes start a new record
@@ -408,33 +462,43 @@ size_t append_data(Sock &s, IoCursor &cur, size_t want) {
 }
 
 // Writes one control record (SRC_AVAIL, FIN) after whatever is pending, and posts it all.
-// False when credits are short (wait for need_bytes()) or only a pad went.
+// False when credits are short (wait for need_bytes()) or only a pad went. A FIN may use
+// the reserve kept for it.
 bool put_record(Sock &s, uint8_t type, uint64_t arg, const void *payload, size_t len) {
   Link &l = s.link;
+  const bool fin = type == kFin;
   const uint64_t R = l.remote.ring_bytes;
   const uint64_t off = s.tx_pos & (R - 1);
   const uint64_t rec_bytes = kRound + round16(len);
   if (R - off < std::max<uint64_t>(rec_bytes, 2 * kRound)) {
-    put_pad(s);
+    put_pad(s, fin);
     return false;
   }
-  if (credit_bytes(s) < rec_bytes || credit_msgs(s) < 3) return false;
+  if ((fin ? credit_bytes(s) : data_credit(s)) < rec_bytes || credit_msgs(s) < (fin ? 3u : 4u))
+    return false;
   s.pend_rec = ~0ull;
   Rec *rec = reinterpret_cast<Rec *>(l.mirror + off);
   *rec = Rec{uint32_t(len), type, 0, 0, arg};
   if (len) memcpy(l.mirror + off + kRound, payload, len);
   s.tx_pos += rec_bytes;
-  return flush(s);
+  return flush(s, fin);
 }
 
 void raise_sigpipe(int flags) {
   if (!(flags & MSG_NOSIGNAL)) pthread_kill(pthread_self(), SIGPIPE);
 }
 
+// A send on a broken connection: ECONNRESET once when the peer vanished without closing
+// (as TCP reports the reset), EPIPE (and SIGPIPE) from then on.
 ssize_t send_failed(Sock &s, size_t sent, int flags) {
   if (sent) return ssize_t(sent);
-  errno = s.error == ECONNRESET && !s.peer_gone ? ECONNRESET : EPIPE;
-  if (errno == EPIPE) raise_sigpipe(flags);
+  if (s.error == ECONNRESET && !s.peer_fin && !s.fin_arrived && !s.reset_reported) {
+    s.reset_reported = true;
+    errno = ECONNRESET;
+    return -1;
+  }
+  errno = EPIPE;
+  raise_sigpipe(flags);
   return -1;
 }
 
@@ -547,9 +611,10 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
       errno = EAGAIN;
       return -1;
     }
-    if (wait_until(s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)); }) == EINTR) {
+    if (int e = wait_until(
+            s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)); }, s.snd_timeo_ns)) {
       if (sent) break;
-      errno = EINTR;
+      errno = e;  // EINTR, EAGAIN (SO_SNDTIMEO), EBADF (closed by another thread)
       return -1;
     }
   }
@@ -600,7 +665,9 @@ size_t deliver(Sock &s, std::unique_lock<std::mutex> &lk, IoCursor &cur, bool pe
   uint64_t pos = s.rx_pos;
   uint32_t off = s.rec_off;  // DATA: payload bytes delivered; SRC_AVAIL: bytes read
   size_t total = 0;
-  while (!cur.done() && pos < s.rx_produced && !s.error) {
+  // What the ring holds arrived whole (its writes completed): it is delivered even after the
+  // connection broke (a peer that closed may have made this side's last ack fail).
+  while (!cur.done() && pos < s.rx_produced) {
     const Rec rec = *reinterpret_cast<const Rec *>(l.ring + (pos & mask));
     const char *payload = l.ring + (pos & mask) + kRound;
     bool consumed = false;
@@ -627,8 +694,13 @@ size_t deliver(Sock &s, std::unique_lock<std::mutex> &lk, IoCursor &cur, bool pe
       memcpy(&sa, payload, sizeof sa);
       if (rec.arg <= s.skip_src_upto) {
         consumed = true;  // cancelled by the source
+      } else if (s.error || (peek && total)) {
+        break;
       } else if (peek) {
-        break;  // what a zero-copy advertisement offers is not peeked at
+        // Read it where it would go, and leave the advertisement as it is.
+        size_t n = std::min<size_t>(sa.len - off, cur.seg_left());
+        if (zcopy_read(s, lk, sa, off, cur.ptr(), n) == ssize_t(n)) total += n;
+        break;
       } else {
         size_t n = std::min<size_t>(sa.len - off, cur.seg_left());
         // Counted as read before the READ: a cancel answered meanwhile must include it.
@@ -684,7 +756,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     size_t n = deliver(s, lk, cur, peek);
     got += n;
     if (got == want || (got && !(flags & MSG_WAITALL)) || (got && peek)) return ssize_t(got);
-    if (s.peer_fin || want == 0) return ssize_t(got);
+    if (s.peer_fin || want == 0 || (peek && fin_at_head(s))) return ssize_t(got);
     if (s.error) {
       if (got) return ssize_t(got);
       errno = s.error;
@@ -695,13 +767,14 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
       errno = EAGAIN;
       return -1;
     }
-    int e = wait_until(s, lk, [&] { return rx_ready(s) && s.rx_pos < s.rx_produced; });
-    if (e == EINTR) {
+    int e = wait_until(
+        s, lk, [&] { return s.rx_pos < s.rx_produced || s.rd_shut; }, s.rcv_timeo_ns);
+    if (e) {  // EINTR, EAGAIN (SO_RCVTIMEO), EBADF (closed by another thread)
       if (got) return ssize_t(got);
-      errno = EINTR;
+      errno = e;
       return -1;
     }
-    if (s.peer_gone && !rx_ready(s) && !s.peer_fin) set_error(s, ECONNRESET);
+    if (s.peer_gone && !rx_ready(s) && !s.peer_fin && !s.fin_arrived) set_error(s, ECONNRESET);
   }
 }
 
@@ -713,7 +786,7 @@ short stream_poll(Sock &s) {
   progress(s);
   short r = 0;
   if (s.rx_pos < s.rx_produced || s.peer_fin || s.rd_shut) r |= POLLIN;
-  if (s.peer_fin) r |= POLLRDHUP;
+  if (s.peer_fin || s.fin_arrived) r |= POLLRDHUP;
   if (s.fin_sent || (tx_ready(s, std::min<uint64_t>(s.link.remote.ring_bytes / 4, 65536))))
     r |= POLLOUT;
   if (!r && !s.peer_gone) {
@@ -723,9 +796,14 @@ short stream_poll(Sock &s) {
     lk.lock();
     if (k > 0) check_peer(s);
   }
-  if (s.peer_gone && !s.peer_fin) set_error(s, ECONNRESET);
-  if (s.error) r |= POLLERR | POLLHUP | POLLIN;
-  if (s.peer_fin && s.fin_sent) r |= POLLHUP;
+  if (s.peer_gone) set_error(s, s.peer_fin || s.fin_arrived ? EPIPE : ECONNRESET);
+  // A peer that closed after its FIN leaves a readable end and writes that fail (EPIPE), as
+  // TCP does; a reset is an error.
+  if (s.error == EPIPE)
+    r |= POLLIN | POLLOUT;
+  else if (s.error)
+    r |= POLLERR | POLLHUP | POLLIN;
+  if ((s.peer_fin || s.fin_arrived) && s.fin_sent) r |= POLLHUP;
   return r;
 }
 
@@ -736,11 +814,26 @@ bool stream_arm(Sock &s) {
 }
 
 void stream_drain_channel(Sock &s) {
+  if (!s.link.channel) return;
   ibv_cq *cq;
   void *ctx;
   unsigned n = 0;
   while (ibv_get_cq_event(s.link.channel, &cq, &ctx) == 0) ++n;
-  if (n) ibv_ack_cq_events(s.link.cq, n);
+  if (!n) return;
+  ibv_ack_cq_events(s.link.cq, n);
+  // Others asleep on this socket saw the channel readable, and now it is not: wake them.
+  if (s.sleepers > 0) {
+    uint64_t one = 1;
+    (void)!syscall(SYS_write, s.link.kick_fd, &one, sizeof one);
+  }
+}
+
+// The last sleeper out resets the kick: one that wakes earlier must not hide it from the
+// others (they are woken together, and look at the descriptor again).
+void stream_take_kick(Sock &s) {
+  uint64_t v;
+  if (s.link.kick_fd >= 0 && s.sleepers == 0)
+    (void)!syscall(SYS_read, s.link.kick_fd, &v, sizeof v);
 }
 
 int stream_fionread(Sock &s) {
@@ -766,30 +859,44 @@ int stream_fionread(Sock &s) {
 
 namespace {
 
-// FIN: the peer reads end of stream after everything sent before it.
-void send_fin(Sock &s, std::unique_lock<std::mutex> &lk, int wait_ms) {
-  if (s.fin_sent || s.error || s.state != State::kSdp) return;
+// FIN: the peer reads end of stream after everything sent before it. Credits always hold a
+// FIN (kFinReserve); only the peer's acks for the writes can be missing for a moment.
+bool send_fin(Sock &s, std::unique_lock<std::mutex> &lk, int wait_ms) {
+  if (s.fin_sent) return true;
+  if (s.error || s.state != State::kSdp) return false;
   const uint64_t end = now_ns() + uint64_t(wait_ms) * 1000000;
   while (!s.error && now_ns() < end) {
     progress(s);
-    if (tx_ready(s, need_bytes(s, kRound)) && put_record(s, kFin, 0, nullptr, 0)) {
-      s.fin_sent = true;
-      return;
+    if (credit_bytes(s) >= need_bytes(s, kRound) && credit_msgs(s) >= 3) {
+      s.force_signal = true;  // the last write: close waits for its completion
+      if (put_record(s, kFin, 0, nullptr, 0)) {
+        s.fin_sent = true;
+        return true;
+      }
+      s.force_signal = false;
+      continue;  // that was a pad
     }
-    if (tx_ready(s, need_bytes(s, kRound))) continue;  // that was a pad
     lk.unlock();
-    usleep(200);
+    usleep(100);
     lk.lock();
-    if (!s.peer_gone) check_peer(s);
-    if (s.peer_gone) return;
+    if (!s.link.qp) return false;
+    check_peer(s);
+    if (s.peer_gone) return false;
   }
+  return false;
 }
 
 }  // namespace
 
 int stream_shutdown(Sock &s, int how) {
   std::unique_lock<std::mutex> lk(s.mu);
-  if (how == SHUT_RD || how == SHUT_RDWR) s.rd_shut = true;
+  if (how == SHUT_RD || how == SHUT_RDWR) {
+    s.rd_shut = true;
+    if (s.sleepers > 0) {  // a receive asleep in another thread returns 0, as on Linux
+      uint64_t one = 1;
+      (void)!syscall(SYS_write, s.link.kick_fd, &one, sizeof one);
+    }
+  }
   if (how == SHUT_WR || how == SHUT_RDWR) send_fin(s, lk, 5000);
   return 0;
 }
@@ -797,22 +904,15 @@ int stream_shutdown(Sock &s, int how) {
 void stream_close(Sock &s) {
   std::unique_lock<std::mutex> lk(s.mu);
   if (s.state == State::kSdp) {
-    send_fin(s, lk, 1000);
-    // Let the last writes land before the QP goes (the fabric may still be reading the mirror).
-    const uint64_t end = now_ns() + 1000000000ull;
-    if (s.sq_used && !s.error) {
-      ibv_send_wr wr{};  // a signaled empty write flushes the count of what went before
-      wr.opcode = IBV_WR_RDMA_WRITE;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      wr.wr_id = s.unsignaled + 1;
-      wr.wr.rdma.remote_addr = s.link.remote.ring_addr;
-      wr.wr.rdma.rkey = s.link.remote.ring_rkey;
-      ibv_send_wr *bad;
-      if (ibv_post_send(s.link.qp, &wr, &bad) == 0) {
-        s.unsignaled = 0;
-        ++s.sq_used;
+    check_peer(s);
+    // A peer whose process closed its socket reads nothing more: no FIN, no wait.
+    if (!s.peer_gone && send_fin(s, lk, 1000)) {
+      // The last writes must land before the QP goes: the FIN's write is signaled.
+      const uint64_t end = now_ns() + 1000000000ull;
+      while (s.sq_used && !s.error && !s.peer_gone && now_ns() < end) {
+        progress(s);
+        if (s.sq_used) check_peer(s);
       }
-      while (s.sq_used && !s.error && now_ns() < end) progress(s);
     }
   }
   write_stats(s);

@@ -1,0 +1,2327 @@
+// Socket semantics through the SDP socket layer (libpcientb-sdp.so).
+//
+// Every test forks a server child in its body (two_process: the child listens and sends its
+// port, the test process connects), then uses ordinary socket calls only, and checks with
+// getsockopt(IPPROTO_TCP, PCIENTB_SDP_STATS) that the connection really is on SDP: a silent
+// fallback to TCP would pass every other check here. Data is checked byte for byte against a
+// seeded pattern. Each test is bounded: poll timeouts, the harness's watchdog, and Rescue
+// (below) for a call the layer might never return from.
+//
+// The binary must run under the launcher, one test per process:
+//   build/bin/pcientb-sdp --fabric NAME -- build/bin/sdp_test --gtest_filter=Suite.Test
+// (tests/CMakeLists.txt registers each TEST as sdp.Suite.Test that way: ctest -L sdp).
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <pcientb/sdp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "two_process.hpp"
+
+namespace pcientb::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kIoTimeoutMs = 5000;
+
+[[noreturn]] void fail(const std::string &what) {
+  throw SetupError(what);
+}
+
+void check_sys(bool ok, const char *what) {
+  if (!ok) throw_errno(what, errno);
+}
+
+int64_t ms_since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+}
+
+// ---- the pattern: byte i of stream `seed` --------------------------------------------------
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void pattern(uint64_t seed, uint64_t pos, char *buf, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    const uint64_t at = pos + i;
+    const uint64_t word = mix(seed * 0x100000001b3ull + at / 8);
+    const size_t o = at % 8, k = std::min<size_t>(8 - o, n - i);
+    memcpy(buf + i, reinterpret_cast<const char *>(&word) + o, k);
+    i += k;
+  }
+}
+
+std::vector<char> pattern(uint64_t seed, uint64_t pos, size_t n) {
+  std::vector<char> v(n);
+  pattern(seed, pos, v.data(), n);
+  return v;
+}
+
+// "" when buf holds bytes [pos, pos+n) of stream `seed`, else where it first differs.
+std::string mismatch(uint64_t seed, uint64_t pos, const char *buf, size_t n) {
+  char want[4096];
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(sizeof want, n - done);
+    pattern(seed, pos + done, want, k);
+    if (memcmp(want, buf + done, k) != 0) {
+      size_t i = 0;
+      while (want[i] == buf[done + i]) ++i;
+      char msg[160];
+      snprintf(msg, sizeof msg, "stream byte %llu: got 0x%02x, want 0x%02x",
+               static_cast<unsigned long long>(pos + done + i),
+               static_cast<unsigned char>(buf[done + i]), static_cast<unsigned char>(want[i]));
+      return msg;
+    }
+    done += k;
+  }
+  return "";
+}
+
+// Log-uniform in [1, max]: mostly small, now and then large.
+size_t pick_size(std::mt19937_64 &rng, size_t max) {
+  std::uniform_real_distribution<double> e(0.0, std::log2(double(max) + 1));
+  return std::clamp<size_t>(size_t(std::exp2(e(rng))), 1, max);
+}
+
+// ---- the layer's view of a socket ----------------------------------------------------------
+
+pcientb_sdp_stats stats_of(int fd) {
+  pcientb_sdp_stats st{};
+  socklen_t len = sizeof st;
+  if (getsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_STATS, &st, &len) != 0)
+    throw_errno("getsockopt(PCIENTB_SDP_STATS) (is the test running under pcientb-sdp?)", errno);
+  return st;
+}
+
+void require_path(int fd, uint32_t path, const char *side) {
+  const uint32_t got = stats_of(fd).path;
+  if (got != path)
+    fail(std::string(side) + ": connection path is " + std::to_string(got) + ", want " +
+         std::to_string(path) + " (0 tcp, 1 sdp, 2 pending)");
+}
+
+void set_zcopy_thresh(int fd, int bytes) {
+  check_sys(setsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &bytes, sizeof bytes) == 0,
+            "setsockopt(SDP_ZCOPY_THRESH)");
+}
+
+// ---- plain socket helpers ------------------------------------------------------------------
+
+bool wait_for(int fd, short events, int timeout_ms) {
+  pollfd p{fd, events, 0};
+  for (;;) {
+    int r = poll(&p, 1, timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    check_sys(r >= 0, "poll");
+    return r > 0;
+  }
+}
+
+void send_all(int fd, const void *buf, size_t n, int flags = MSG_NOSIGNAL) {
+  const char *p = static_cast<const char *>(buf);
+  while (n) {
+    ssize_t k = send(fd, p, n, flags);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_for(fd, POLLOUT, kIoTimeoutMs)) fail("send_all: not writable within 5 s");
+      continue;
+    }
+    check_sys(k > 0, "send");
+    p += k;
+    n -= size_t(k);
+  }
+}
+
+void send_pattern(int fd, uint64_t seed, uint64_t pos, size_t n) {
+  std::vector<char> v = pattern(seed, pos, n);
+  send_all(fd, v.data(), n);
+}
+
+// Receives exactly n bytes, each recv after poll says readable: a stuck peer fails the test
+// after timeout_ms instead of hanging it.
+void recv_exact(int fd, void *buf, size_t n, int timeout_ms = kIoTimeoutMs) {
+  char *p = static_cast<char *>(buf);
+  size_t got = 0;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (got < n) {
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 || !wait_for(fd, POLLIN, int(left)))
+      fail("recv_exact: " + std::to_string(got) + " of " + std::to_string(n) + " bytes within " +
+           std::to_string(timeout_ms) + " ms");
+    ssize_t k = recv(fd, p + got, n - got, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (k < 0)
+      throw_errno(
+          "recv_exact: recv after " + std::to_string(got) + " of " + std::to_string(n) + " bytes",
+          errno);
+    if (k == 0) fail("recv_exact: EOF after " + std::to_string(got) + " of " + std::to_string(n));
+    got += size_t(k);
+  }
+}
+
+void expect_pattern(int fd, uint64_t seed, uint64_t pos, size_t n) {
+  std::vector<char> v(n);
+  recv_exact(fd, v.data(), n);
+  std::string bad = mismatch(seed, pos, v.data(), n);
+  if (!bad.empty()) fail("data differs: " + bad);
+}
+
+// recv() == 0 within the timeout.
+void expect_eof(int fd, int timeout_ms = kIoTimeoutMs) {
+  if (!wait_for(fd, POLLIN, timeout_ms)) fail("no EOF within the timeout");
+  char c;
+  ssize_t k = recv(fd, &c, 1, MSG_DONTWAIT);
+  if (k != 0)
+    fail("expected EOF, recv returned " + std::to_string(k) +
+         (k < 0 ? std::string(" errno ") + strerror(errno) : std::string()));
+}
+
+void set_nonblocking(int fd, bool on) {
+  int fl = fcntl(fd, F_GETFL);
+  check_sys(fl >= 0, "fcntl(F_GETFL)");
+  check_sys(fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK) == 0, "fcntl(F_SETFL)");
+}
+
+struct Listener {
+  int fd = -1;
+  uint16_t port = 0;
+  Listener() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    check_sys(fd >= 0, "socket");
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    check_sys(bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0, "bind");
+    check_sys(listen(fd, 16) == 0, "listen");
+    socklen_t len = sizeof a;
+    check_sys(getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0, "getsockname");
+    port = ntohs(a.sin_port);
+  }
+  ~Listener() {
+    if (fd >= 0) close(fd);
+  }
+  int accept_one(int flags = 0) {
+    if (!wait_for(fd, POLLIN, kIoTimeoutMs)) fail("accept: no connection within 5 s");
+    int c = accept4(fd, nullptr, nullptr, flags);
+    check_sys(c >= 0, "accept");
+    return c;
+  }
+};
+
+int dial(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  check_sys(fd >= 0, "socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  check_sys(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0, "connect");
+  return fd;
+}
+
+// The first bytes: they run the layer's handshake (lazy, at the first use) and must leave
+// both ends on SDP.
+void settle_client(int fd) {
+  send_all(fd, "C", 1);
+  char c = 0;
+  recv_exact(fd, &c, 1);
+  if (c != 'S') fail("greeting: unexpected byte from the server");
+  require_path(fd, PCIENTB_SDP_PATH_SDP, "client");
+}
+
+void settle_server(int fd) {
+  char c = 0;
+  recv_exact(fd, &c, 1);
+  if (c != 'C') fail("greeting: unexpected byte from the client");
+  send_all(fd, "S", 1);
+  require_path(fd, PCIENTB_SDP_PATH_SDP, "server");
+}
+
+// The two ends of a test's connection. The server (child) listens, sends its port and
+// accepts; the client (the test process) connects.
+int client_conn(Channel &ch, bool settle = true) {
+  int fd = dial(ch.recv<uint16_t>());
+  if (settle) settle_client(fd);
+  return fd;
+}
+
+int server_conn(Channel &ch, bool settle = true, int accept_flags = 0) {
+  Listener l;
+  ch.send(l.port);
+  int fd = l.accept_one(accept_flags);
+  if (settle) settle_server(fd);
+  return fd;
+}
+
+TwoProcessOptions within(std::chrono::seconds s) {
+  TwoProcessOptions o;
+  o.deadline = s;
+  return o;
+}
+
+// Fails the test with `what` and runs `rescue` when not disarmed (destroyed) within
+// `limit`: for a call the layer might never return from, `rescue` makes it return (the peer
+// sends, or is interrupted) so that the test ends with a precise failure, not the watchdog.
+class Rescue {
+ public:
+  Rescue(std::chrono::milliseconds limit, std::string what, std::function<void()> rescue)
+      : what_(std::move(what)), rescue_(std::move(rescue)), t_([this, limit] { run(limit); }) {}
+  ~Rescue() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    t_.join();
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  void run(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (cv_.wait_for(lk, limit, [this] { return done_; })) return;
+    fired_ = true;
+    ADD_FAILURE() << what_ << " (still blocked after " << limit.count()
+                  << " ms; unblocked by the test)";
+    rescue_();
+  }
+  std::string what_;
+  std::function<void()> rescue_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread t_;
+};
+
+// ---- 1. blocking send/recv, both directions at once ----------------------------------------
+
+struct PumpConfig {
+  int msgs = 50000;          // per direction
+  size_t max_msg = 65536;    // message sizes: log-uniform 1..max_msg
+  size_t max_read = 131072;  // receive sizes: log-uniform 1..max_read
+  int zcopy_thresh = -1;     // set on the socket when >= 0
+};
+
+constexpr uint64_t kClientSeed = 0xc11e, kServerSeed = 0x5e7e;
+
+// The bytes a side sends: its message sizes come from the generator seeded `seed`.
+uint64_t stream_total(uint64_t seed, const PumpConfig &cfg) {
+  std::mt19937_64 rng(seed);
+  uint64_t t = 0;
+  for (int i = 0; i < cfg.msgs; ++i) t += pick_size(rng, cfg.max_msg);
+  return t;
+}
+
+// One side of the two-way stream: a thread sends `cfg.msgs` messages of random sizes (then
+// SHUT_WR), another receives with random sizes until EOF and checks every byte.
+void pump(int fd, bool client, const PumpConfig &cfg) {
+  const uint64_t my_seed = client ? kClientSeed : kServerSeed;
+  const uint64_t peer_seed = client ? kServerSeed : kClientSeed;
+  const uint64_t want_rx = stream_total(peer_seed, cfg);
+  std::string tx_err, rx_err;
+  uint64_t sent = 0, received = 0;
+  const pcientb_sdp_stats before = stats_of(fd);  // the greeting's bytes
+
+  std::thread tx([&] {
+    std::mt19937_64 sizes(my_seed);
+    std::vector<char> buf(cfg.max_msg);  // one buffer, rewritten: ZCopy must be done with it
+    for (int i = 0; i < cfg.msgs && tx_err.empty(); ++i) {
+      const size_t n = pick_size(sizes, cfg.max_msg);
+      pattern(my_seed, sent, buf.data(), n);
+      size_t off = 0;
+      while (off < n) {
+        ssize_t k = send(fd, buf.data() + off, n - off, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+          tx_err =
+              std::string("send: ") + strerror(errno) + " after " + std::to_string(sent) + " bytes";
+          break;
+        }
+        off += size_t(k);
+      }
+      sent += off;
+    }
+    if (shutdown(fd, SHUT_WR) != 0 && tx_err.empty())
+      tx_err = std::string("shutdown: ") + strerror(errno);
+  });
+  std::thread rx([&] {
+    std::mt19937_64 splits(my_seed ^ 0x5b1175);
+    std::vector<char> buf(cfg.max_read);
+    for (;;) {
+      const size_t want = pick_size(splits, cfg.max_read);
+      ssize_t k = recv(fd, buf.data(), want, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) {
+        rx_err = std::string("recv: ") + strerror(errno) + " after " + std::to_string(received);
+        return;
+      }
+      if (k == 0) break;
+      std::string bad = mismatch(peer_seed, received, buf.data(), size_t(k));
+      if (!bad.empty()) {
+        rx_err = "data differs: " + bad;
+        return;
+      }
+      received += size_t(k);
+    }
+    if (received != want_rx)
+      rx_err = "EOF after " + std::to_string(received) + " bytes, want " + std::to_string(want_rx);
+  });
+  tx.join();
+  rx.join();
+  const char *side = client ? "client" : "server";
+  EXPECT_EQ(tx_err, "") << side;
+  EXPECT_EQ(rx_err, "") << side;
+
+  pcientb_sdp_stats st = stats_of(fd);
+  EXPECT_EQ(st.path, uint32_t(PCIENTB_SDP_PATH_SDP)) << side;
+  st.bcopy_tx -= before.bcopy_tx;
+  st.bcopy_rx -= before.bcopy_rx;
+  st.zcopy_tx -= before.zcopy_tx;
+  st.zcopy_rx -= before.zcopy_rx;
+  EXPECT_EQ(st.bcopy_tx + st.zcopy_tx, sent) << side;
+  EXPECT_EQ(st.bcopy_rx + st.zcopy_rx, received) << side;
+  if (cfg.zcopy_thresh < 0) {
+    // Default threshold (1 MiB) above every message: all BCopy.
+    EXPECT_EQ(st.bcopy_tx, sent) << side;
+    EXPECT_EQ(st.zcopy_tx, 0u) << side;
+    EXPECT_EQ(st.zcopy_rx, 0u) << side;
+  } else {
+    EXPECT_GT(st.zcopy_tx, 0u) << side << ": no ZCopy send with threshold " << cfg.zcopy_thresh;
+    EXPECT_GT(st.zcopy_rx, 0u) << side;
+    EXPECT_GT(st.bcopy_tx, 0u) << side << ": messages below the threshold go BCopy";
+  }
+  ::testing::Test::RecordProperty(std::string(side) + "_bytes_sent", std::to_string(sent));
+  ::testing::Test::RecordProperty(std::string(side) + "_zcopy_bytes_sent",
+                                  std::to_string(st.zcopy_tx));
+}
+
+void two_way(const PumpConfig &cfg) {
+  two_process(
+      [&](Channel &ch) {
+        int fd = client_conn(ch, false);
+        if (cfg.zcopy_thresh >= 0) set_zcopy_thresh(fd, cfg.zcopy_thresh);
+        settle_client(fd);
+        pump(fd, true, cfg);
+        ch.barrier();  // both have read everything (Close.* test closing with data unread)
+        close(fd);
+      },
+      [&](Channel &ch) {
+        int fd = server_conn(ch, false);
+        if (cfg.zcopy_thresh >= 0) set_zcopy_thresh(fd, cfg.zcopy_thresh);
+        settle_server(fd);
+        pump(fd, false, cfg);
+        ch.barrier();
+        close(fd);
+      },
+      within(std::chrono::seconds(100)));
+}
+
+TEST(Stream, BCopyBothWaysRandomSizes) {
+  PumpConfig cfg;
+  two_way(cfg);
+}
+
+TEST(Stream, ZCopyBothWaysRandomSizes) {
+  PumpConfig cfg;
+  cfg.max_msg = 65536;  // a quarter of the messages >= 4096: ZCopy
+  cfg.max_read = 131072;
+  cfg.zcopy_thresh = 4096;
+  two_way(cfg);
+}
+
+// A ZCopy send from memory the program may only read (a read-only mapping): the layer must
+// still deliver it (zero copy or not).
+TEST(Stream, ZCopyFromReadOnlyMemory) {
+  static constexpr size_t kLen = 256 * 1024;
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        set_zcopy_thresh(fd, 4096);
+        void *m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ASSERT_NE(m, MAP_FAILED);
+        pattern(7, 0, static_cast<char *>(m), kLen);
+        ASSERT_EQ(mprotect(m, kLen, PROT_READ), 0);
+        ssize_t k = send(fd, m, kLen, MSG_NOSIGNAL);
+        EXPECT_EQ(k, ssize_t(kLen)) << strerror(errno);
+        ch.wait();
+        munmap(m, kLen);
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 7, 0, kLen);
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// ---- 2. O_NONBLOCK and MSG_DONTWAIT --------------------------------------------------------
+
+TEST(NonBlocking, RecvEagainWhenEmpty) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        set_nonblocking(fd, true);
+        char buf[256];
+        errno = 0;
+        EXPECT_EQ(recv(fd, buf, sizeof buf, 0), -1);
+        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+        errno = 0;
+        EXPECT_EQ(read(fd, buf, sizeof buf), -1);
+        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+        ch.signal();  // now send
+        ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        ASSERT_EQ(k, 100);
+        EXPECT_EQ(mismatch(1, 0, buf, 100), "");
+        errno = 0;
+        EXPECT_EQ(recv(fd, buf, sizeof buf, 0), -1);
+        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        send_pattern(fd, 1, 0, 100);
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// Nonblocking sends until EAGAIN while the peer does not read; then the peer drains, the
+// socket turns writable, and every byte arrives intact, including those sent after.
+TEST(NonBlocking, SendEagainWhenPeerDoesNotRead) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        set_nonblocking(fd, true);
+        std::vector<char> chunk(65536);
+        uint64_t sent = 0;
+        bool eagain = false;
+        while (sent < (64u << 20)) {
+          pattern(2, sent, chunk.data(), chunk.size());
+          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (k < 0) {
+            ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+            eagain = true;
+            break;
+          }
+          ASSERT_GT(k, 0);
+          sent += uint64_t(k);
+        }
+        ASSERT_TRUE(eagain) << "64 MiB went without EAGAIN to a peer that does not read";
+        // As TCP: right after EAGAIN there is no room to report.
+        pollfd p{fd, POLLOUT, 0};
+        EXPECT_EQ(poll(&p, 1, 0), 0) << "POLLOUT right after EAGAIN";
+        ch.send(sent);  // the peer drains
+        EXPECT_TRUE(wait_for(fd, POLLOUT, kIoTimeoutMs)) << "not writable after the peer drained";
+        send_pattern(fd, 2, sent, 10000);  // more after the drain
+        char ok = 0;
+        set_nonblocking(fd, false);
+        recv_exact(fd, &ok, 1);
+        EXPECT_EQ(ok, 'K');
+        ::testing::Test::RecordProperty("bytes_before_eagain", std::to_string(sent));
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        uint64_t n = ch.recv<uint64_t>();
+        expect_pattern(fd, 2, 0, n + 10000);
+        send_all(fd, "K", 1);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(40)));
+}
+
+TEST(NonBlocking, MsgDontwaitOnBlockingSocket) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ASSERT_EQ(fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
+        char buf[64];
+        errno = 0;
+        EXPECT_EQ(recv(fd, buf, sizeof buf, MSG_DONTWAIT), -1);
+        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+        ch.signal();
+        ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+        ASSERT_EQ(recv(fd, buf, sizeof buf, MSG_DONTWAIT), 40);
+        EXPECT_EQ(mismatch(3, 0, buf, 40), "");
+        // Send side: MSG_DONTWAIT fills until EAGAIN; a blocking send then waits for room.
+        std::vector<char> chunk(65536);
+        uint64_t sent = 0;
+        for (;;) {
+          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
+          pattern(4, sent, chunk.data(), chunk.size());
+          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+          if (k < 0) {
+            ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+            break;
+          }
+          sent += uint64_t(k);
+        }
+        ch.send(sent + 200000);
+        send_pattern(fd, 4, sent, 200000);  // blocks until the server reads
+        ch.wait();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        send_pattern(fd, 3, 0, 40);
+        uint64_t n = ch.recv<uint64_t>();
+        expect_pattern(fd, 4, 0, n);
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(40)));
+}
+
+// Both ends nonblocking from the start: the handshake runs inside nonblocking calls and
+// poll, and an event loop moves data both ways.
+TEST(NonBlocking, EventLoopFromFirstUse) {
+  static constexpr size_t kLen = 300000;
+  auto loop = [](int fd, uint64_t tx_seed, uint64_t rx_seed) {
+    std::vector<char> tx = pattern(tx_seed, 0, kLen), rx(kLen);
+    size_t sent = 0, got = 0;
+    const auto t0 = Clock::now();
+    while (sent < kLen || got < kLen) {
+      ASSERT_LT(ms_since(t0), 10000) << "sent " << sent << " got " << got;
+      pollfd p{fd, short(POLLIN | (sent < kLen ? POLLOUT : 0)), 0};
+      int r = poll(&p, 1, 1000);
+      ASSERT_GE(r, 0) << strerror(errno);
+      if (sent < kLen) {
+        ssize_t k = send(fd, tx.data() + sent, std::min<size_t>(kLen - sent, 7000), MSG_NOSIGNAL);
+        if (k > 0)
+          sent += size_t(k);
+        else
+          ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+      }
+      if (got == kLen) continue;
+      ssize_t k = recv(fd, rx.data() + got, kLen - got, 0);
+      if (k > 0)
+        got += size_t(k);
+      else
+        ASSERT_TRUE(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            << k << " " << strerror(errno);
+    }
+    EXPECT_EQ(mismatch(rx_seed, 0, rx.data(), kLen), "");
+    EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+  };
+  two_process(
+      [&](Channel &ch) {
+        int fd = client_conn(ch, false);
+        set_nonblocking(fd, true);
+        loop(fd, 5, 6);
+        ch.barrier();
+        close(fd);
+      },
+      [&](Channel &ch) {
+        int fd = server_conn(ch, false, SOCK_NONBLOCK);
+        loop(fd, 6, 5);
+        ch.barrier();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// connect() on a nonblocking socket (as event loops do): 0 or EINPROGRESS then writable
+// with SO_ERROR 0; the connection is SDP.
+TEST(NonBlocking, ConnectOnNonblockingSocket) {
+  two_process(
+      [](Channel &ch) {
+        const uint16_t port = ch.recv<uint16_t>();
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        ASSERT_GE(fd, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        int r = connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+        if (r != 0) {
+          ASSERT_EQ(errno, EINPROGRESS) << strerror(errno);
+          ASSERT_TRUE(wait_for(fd, POLLOUT, kIoTimeoutMs));
+          int err = -1;
+          socklen_t len = sizeof err;
+          ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+          ASSERT_EQ(err, 0) << strerror(err);
+        }
+        send_pattern(fd, 28, 0, 100000);
+        expect_pattern(fd, 29, 0, 100000);
+        require_path(fd, PCIENTB_SDP_PATH_SDP, "client");
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch, false);
+        expect_pattern(fd, 28, 0, 100000);
+        send_pattern(fd, 29, 0, 100000);
+        require_path(fd, PCIENTB_SDP_PATH_SDP, "server");
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// ---- 3. poll, select, ppoll ------------------------------------------------------------------
+
+// The server sends 10 bytes 100 ms after each signal; `ready(fd, events, ms)` is the
+// multiplexer under test, returning the events it reported (0: timeout).
+void readiness_test(const std::function<short(int, short, int)> &ready) {
+  two_process(
+      [&](Channel &ch) {
+        int fd = client_conn(ch);
+        EXPECT_EQ(ready(fd, POLLIN, 0), 0) << "readable with nothing sent";
+        auto t0 = Clock::now();
+        EXPECT_EQ(ready(fd, POLLIN, 150), 0) << "readable with nothing sent";
+        EXPECT_GE(ms_since(t0), 140) << "returned before its timeout";
+        EXPECT_LT(ms_since(t0), 2000);
+        EXPECT_EQ(ready(fd, POLLOUT, 0) & POLLOUT, POLLOUT) << "an idle connection is writable";
+        EXPECT_EQ(ready(fd, POLLOUT, 1000) & POLLOUT, POLLOUT);
+        ch.signal();
+        t0 = Clock::now();
+        EXPECT_EQ(ready(fd, POLLIN, kIoTimeoutMs) & POLLIN, POLLIN) << "data never reported";
+        EXPECT_LT(ms_since(t0), 2000);
+        EXPECT_EQ(ready(fd, POLLIN | POLLOUT, 0), POLLIN | POLLOUT);
+        char buf[10];
+        ASSERT_EQ(recv(fd, buf, sizeof buf, 0), 10);
+        EXPECT_EQ(mismatch(8, 0, buf, 10), "");
+        EXPECT_EQ(ready(fd, POLLIN, 50), 0) << "still readable after everything was read";
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        std::this_thread::sleep_for(100ms);
+        send_pattern(fd, 8, 0, 10);
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Poll, ReadableWritableTimeout) {
+  readiness_test([](int fd, short events, int ms) -> short {
+    pollfd p{fd, events, 0};
+    int r = poll(&p, 1, ms);
+    if (r < 0) throw_errno("poll", errno);
+    return r ? p.revents : 0;
+  });
+}
+
+TEST(Select, ReadableWritableTimeout) {
+  readiness_test([](int fd, short events, int ms) -> short {
+    fd_set r, w;
+    FD_ZERO(&r);
+    FD_ZERO(&w);
+    if (events & POLLIN) FD_SET(fd, &r);
+    if (events & POLLOUT) FD_SET(fd, &w);
+    timeval tv{ms / 1000, (ms % 1000) * 1000};
+    int n = select(fd + 1, &r, &w, nullptr, &tv);
+    if (n < 0) throw_errno("select", errno);
+    return short((FD_ISSET(fd, &r) ? POLLIN : 0) | (FD_ISSET(fd, &w) ? POLLOUT : 0));
+  });
+}
+
+TEST(Ppoll, ReadableWritableTimeout) {
+  readiness_test([](int fd, short events, int ms) -> short {
+    pollfd p{fd, events, 0};
+    timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+    sigset_t mask;
+    sigemptyset(&mask);
+    int r = ppoll(&p, 1, &ts, &mask);
+    if (r < 0) throw_errno("ppoll", errno);
+    return r ? p.revents : 0;
+  });
+}
+
+// poll over an SDP socket and a pipe together: each is reported for itself.
+TEST(Poll, SocketAndPipeTogether) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int pp[2];
+        ASSERT_EQ(pipe(pp), 0);
+        pollfd p[2] = {{fd, POLLIN, 0}, {pp[0], POLLIN, 0}};
+        EXPECT_EQ(poll(p, 2, 100), 0);
+        ASSERT_EQ(write(pp[1], "x", 1), 1);
+        ASSERT_EQ(poll(p, 2, 1000), 1);
+        EXPECT_EQ(p[0].revents, 0);
+        EXPECT_EQ(p[1].revents, POLLIN);
+        char c;
+        ASSERT_EQ(read(pp[0], &c, 1), 1);
+        ch.signal();
+        ASSERT_EQ(poll(p, 2, kIoTimeoutMs), 1);
+        EXPECT_EQ(p[0].revents, POLLIN);
+        EXPECT_EQ(p[1].revents, 0);
+        ASSERT_EQ(write(pp[1], "y", 1), 1);
+        ASSERT_EQ(poll(p, 2, 1000), 2);
+        EXPECT_EQ(p[0].revents, POLLIN);
+        EXPECT_EQ(p[1].revents, POLLIN);
+        expect_pattern(fd, 9, 0, 5);
+        close(pp[0]);
+        close(pp[1]);
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        send_pattern(fd, 9, 0, 5);
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// As TCP: once the peer's FIN is in, poll reports POLLRDHUP (and POLLIN), before the
+// program reads anything; reading then gives EOF.
+TEST(Poll, RdhupAfterPeerShutdown) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ch.signal();  // the server shuts down its sending side
+        pollfd p{fd, POLLIN | POLLRDHUP, 0};
+        short seen = 0;
+        const auto t0 = Clock::now();
+        while (!(seen & POLLRDHUP) && ms_since(t0) < 3000) {
+          ASSERT_GE(poll(&p, 1, 200), 0);
+          seen |= p.revents;
+        }
+        EXPECT_TRUE(seen & POLLIN) << "revents 0x" << std::hex << seen;
+        EXPECT_TRUE(seen & POLLRDHUP)
+            << "no POLLRDHUP within 3 s of the peer's shutdown(SHUT_WR) (before reading); "
+               "revents 0x"
+            << std::hex << seen;
+        char c;
+        EXPECT_EQ(recv(fd, &c, 1, MSG_DONTWAIT), 0);
+        p.revents = 0;
+        ASSERT_EQ(poll(&p, 1, 0), 1);
+        EXPECT_EQ(p.revents & (POLLIN | POLLRDHUP), POLLIN | POLLRDHUP) << "after EOF was read";
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// One thread waits in poll/epoll for POLLIN while another is blocked in send() on the same
+// socket (a full-duplex program whose peer is not reading just now): each message the peer
+// sends wakes the waiter, though the sender also sleeps on the socket's arrivals. The peer sends
+// one message per request, so that nothing else could wake a poller that missed one.
+// `wait_readable(fd, ms)` is the multiplexer: true when it reported the socket readable.
+void wakes_while_sending(const std::function<bool(int, int)> &wait_readable) {
+  static constexpr int kMsgs = 20;
+  two_process(
+      [&](Channel &ch) {
+        int fd = client_conn(ch);
+        std::atomic<bool> stop{false};
+        std::thread writer([&] {  // fills the ring, then waits for room in send()
+          std::vector<char> chunk(262144, 'w');
+          while (!stop)
+            if (send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) <= 0) return;
+        });
+        std::this_thread::sleep_for(300ms);  // the writer is blocked by now
+        int64_t worst = 0;
+        int late = 0;
+        for (uint32_t i = 0; i < uint32_t(kMsgs) && late < 2; ++i) {
+          ch.send(i);  // the server sends message i
+          const auto t0 = Clock::now();
+          const bool readable = wait_readable(fd, 1500);
+          const int64_t ms = ms_since(t0);
+          worst = std::max(worst, ms);
+          if (ms > 1000) ++late;  // (returned at its timeout, or just before)
+          ASSERT_TRUE(wait_for(fd, POLLIN, 100) || readable) << "message " << i << " never came";
+          uint32_t seq = 0;
+          recv_exact(fd, &seq, sizeof seq);
+          ASSERT_EQ(seq, i);
+        }
+        EXPECT_EQ(late, 0) << late << " waits took over 1 s (worst " << worst
+                           << " ms; the test stops at 2) for a message sent at once: the "
+                              "waiter missed the arrival's wakeup";
+        stop = true;
+        ch.send(uint32_t(UINT32_MAX));  // the server reads now, until EOF
+        writer.join();
+        shutdown(fd, SHUT_WR);
+        ch.wait();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        for (;;) {
+          uint32_t i = ch.recv<uint32_t>();
+          if (i == UINT32_MAX) break;
+          send_all(fd, &i, sizeof i);
+        }
+        std::vector<char> buf(65536);
+        while (recv(fd, buf.data(), buf.size(), 0) > 0) {
+        }
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(60)));
+}
+
+TEST(Poll, WakesWhileAnotherThreadIsBlockedInSend) {
+  wakes_while_sending([](int fd, int ms) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, ms) == 1;
+  });
+}
+
+TEST(Epoll, WakesWhileAnotherThreadIsBlockedInSend) {
+  wakes_while_sending([](int fd, int ms) {
+    static int ep = -1;
+    if (ep < 0) {
+      ep = epoll_create1(EPOLL_CLOEXEC);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) throw_errno("epoll_ctl", errno);
+    }
+    epoll_event out;
+    return epoll_wait(ep, &out, 1, ms) == 1;
+  });
+}
+
+// ---- 4. epoll ------------------------------------------------------------------------------
+
+// The events epoll_wait reports for `fd`'s registration (data.fd) within `ms`; 0: none.
+uint32_t epoll_events(int ep, int fd, int ms) {
+  epoll_event ev[4];
+  int n = epoll_wait(ep, ev, 4, ms);
+  if (n < 0) throw_errno("epoll_wait", errno);
+  uint32_t r = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ev[i].data.fd != fd) fail("epoll_wait: an event for an unknown registration");
+    r |= ev[i].events;
+  }
+  if (n > 1) fail("epoll_wait: " + std::to_string(n) + " events for one registration");
+  return r;
+}
+
+void epoll_add(int ep, int fd, uint32_t events, int op = EPOLL_CTL_ADD) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  check_sys(epoll_ctl(ep, op, fd, &ev) == 0, "epoll_ctl");
+}
+
+// The server sends `n` bytes of stream 10 (from `pos`) each time it gets a value n > 0, and
+// ends on 0.
+void sending_server(Channel &ch) {
+  int fd = server_conn(ch);
+  uint64_t pos = 0;
+  for (;;) {
+    uint32_t n = ch.recv<uint32_t>();
+    if (n == 0) break;
+    if (n == UINT32_MAX) {
+      ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+      continue;
+    }
+    send_pattern(fd, 10, pos, n);
+    pos += n;
+    ch.signal();
+  }
+  close(fd);
+}
+
+// Asks the sending server for n bytes and waits until they are sent.
+void ask(Channel &ch, uint32_t n) {
+  ch.send(n);
+  ch.wait();
+}
+
+TEST(Epoll, LevelTriggered) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        epoll_add(ep, fd, EPOLLIN);
+        EXPECT_EQ(epoll_events(ep, fd, 100), 0u);
+        ask(ch, 100);
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+        expect_pattern(fd, 10, 0, 10);
+        // Level-triggered: reported again while data remains.
+        EXPECT_EQ(epoll_events(ep, fd, 0), uint32_t(EPOLLIN)) << "90 bytes left unread";
+        EXPECT_EQ(epoll_events(ep, fd, 100), uint32_t(EPOLLIN)) << "90 bytes left unread";
+        expect_pattern(fd, 10, 10, 90);
+        EXPECT_EQ(epoll_events(ep, fd, 100), 0u) << "reported after everything was read";
+        epoll_add(ep, fd, EPOLLIN | EPOLLOUT, EPOLL_CTL_MOD);
+        EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLOUT));
+        close(ep);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+TEST(Epoll, EdgeTriggeredOneEventPerArrival) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        epoll_add(ep, fd, EPOLLIN | EPOLLET);
+        ask(ch, 100);
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+        expect_pattern(fd, 10, 0, 10);  // partial read, no new data: no new event
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "a second event without new data";
+        ask(ch, 50);  // new data: a new event
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN)) << "no event for new data";
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u);
+        expect_pattern(fd, 10, 10, 140);
+        EXPECT_EQ(epoll_events(ep, fd, 100), 0u);
+        ask(ch, 30);
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+        expect_pattern(fd, 10, 150, 30);
+        close(ep);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+TEST(Epoll, OneShotUntilRearmed) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        epoll_add(ep, fd, EPOLLIN | EPOLLONESHOT);
+        ask(ch, 100);
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "oneshot reported twice";
+        ask(ch, 100);
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "oneshot reported new data before MOD";
+        epoll_add(ep, fd, EPOLLIN | EPOLLONESHOT, EPOLL_CTL_MOD);
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN)) << "not rearmed by MOD";
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u);
+        expect_pattern(fd, 10, 0, 200);
+        close(ep);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+TEST(Epoll, RdhupAfterPeerShutdown) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        epoll_add(ep, fd, EPOLLIN | EPOLLRDHUP);
+        ch.send(UINT32_MAX);  // shutdown(SHUT_WR) at the server
+        uint32_t seen = 0;
+        const auto t0 = Clock::now();
+        while (!(seen & EPOLLRDHUP) && ms_since(t0) < 3000) seen |= epoll_events(ep, fd, 200);
+        EXPECT_TRUE(seen & EPOLLIN) << "events 0x" << std::hex << seen;
+        EXPECT_TRUE(seen & EPOLLRDHUP)
+            << "no EPOLLRDHUP within 3 s of the peer's shutdown(SHUT_WR) (before reading); "
+               "events 0x"
+            << std::hex << seen;
+        char c;
+        EXPECT_EQ(recv(fd, &c, 1, MSG_DONTWAIT), 0);
+        EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLIN | EPOLLRDHUP)) << "after EOF";
+        close(ep);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+TEST(Epoll, SocketAndPipeInOneSet) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int pp[2];
+        ASSERT_EQ(pipe(pp), 0);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = 2;  // the pipe first: the set is the kernel's until the socket joins
+        ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
+        ev.data.u64 = 1;
+        ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+        auto wait_set = [&](int ms) {
+          epoll_event out[4];
+          int n = epoll_wait(ep, out, 4, ms);
+          if (n < 0) throw_errno("epoll_wait", errno);
+          uint64_t mask = 0;
+          for (int i = 0; i < n; ++i) {
+            EXPECT_EQ(out[i].events, uint32_t(EPOLLIN));
+            mask |= uint64_t(1) << out[i].data.u64;
+          }
+          return mask;  // bit 1: socket, bit 2: pipe
+        };
+        EXPECT_EQ(wait_set(100), 0u);
+        ASSERT_EQ(write(pp[1], "x", 1), 1);
+        EXPECT_EQ(wait_set(1000), 4u) << "pipe only";
+        char c;
+        ASSERT_EQ(read(pp[0], &c, 1), 1);
+        ask(ch, 20);
+        EXPECT_EQ(wait_set(kIoTimeoutMs), 2u) << "socket only";
+        ASSERT_EQ(write(pp[1], "y", 1), 1);
+        EXPECT_EQ(wait_set(1000), 6u) << "both ready: both in one epoll_wait";
+        expect_pattern(fd, 10, 0, 20);
+        ASSERT_EQ(read(pp[0], &c, 1), 1);
+        EXPECT_EQ(wait_set(100), 0u);
+        // Sleeping in epoll_wait, woken by either.
+        ask(ch, 20);
+        EXPECT_EQ(wait_set(kIoTimeoutMs), 2u);
+        expect_pattern(fd, 10, 20, 20);
+        std::thread w([&] {
+          std::this_thread::sleep_for(100ms);
+          ASSERT_EQ(write(pp[1], "z", 1), 1);
+        });
+        EXPECT_EQ(wait_set(kIoTimeoutMs), 4u);
+        w.join();
+        close(ep);
+        close(pp[0]);
+        close(pp[1]);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+TEST(Epoll, CtlDelStopsReports) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        epoll_add(ep, fd, EPOLLIN);
+        ask(ch, 10);
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+        ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), 0);
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "reported after EPOLL_CTL_DEL";
+        ask(ch, 10);
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "new data reported after EPOLL_CTL_DEL";
+        errno = 0;
+        EXPECT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), -1);
+        EXPECT_EQ(errno, ENOENT);
+        epoll_add(ep, fd, EPOLLIN);  // added again: the pending data is reported
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+        expect_pattern(fd, 10, 0, 20);
+        close(ep);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+// Edge-triggered EPOLLOUT, as event loops use it: writable at first; after a send hit
+// EAGAIN no event until the peer makes room, then one.
+TEST(Epoll, EdgeTriggeredWritableAfterEagain) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        set_nonblocking(fd, true);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        epoll_add(ep, fd, EPOLLIN | EPOLLOUT | EPOLLET);
+        EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLOUT));
+        std::vector<char> chunk(65536);
+        uint64_t sent = 0;
+        for (;;) {
+          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
+          pattern(31, sent, chunk.data(), chunk.size());
+          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (k < 0) break;
+          sent += uint64_t(k);
+        }
+        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "an event while there is no room";
+        ch.send(sent);  // the server drains
+        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs) & EPOLLOUT, uint32_t(EPOLLOUT))
+            << "no EPOLLOUT after the peer made room";
+        ch.wait();
+        close(ep);
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 31, 0, ch.recv<uint64_t>());
+        ch.signal();
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// ---- 5. shutdown and close -----------------------------------------------------------------
+
+TEST(Shutdown, HalfCloseThenPeerSendsBack) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        send_pattern(fd, 11, 0, 50000);
+        ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+        errno = 0;
+        EXPECT_EQ(send(fd, "x", 1, MSG_NOSIGNAL), -1) << "send after SHUT_WR";
+        EXPECT_EQ(errno, EPIPE);
+        expect_pattern(fd, 12, 0, 70000);  // the server still sends
+        expect_eof(fd);
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 11, 0, 50000);
+        expect_eof(fd);
+        expect_eof(fd);  // EOF stays
+        send_pattern(fd, 12, 0, 70000);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// shutdown(SHUT_RD) from another thread wakes a recv blocked on the socket, which returns
+// 0 (as on Linux TCP: how programs stop a reader thread).
+TEST(Shutdown, ShutRdWakesBlockedRecv) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        std::atomic<ssize_t> k{-2};
+        std::thread reader([&] {
+          char c;
+          k = recv(fd, &c, 1, 0);
+        });
+        std::this_thread::sleep_for(200ms);
+        ASSERT_EQ(shutdown(fd, SHUT_RD), 0) << strerror(errno);
+        const auto t0 = Clock::now();
+        while (k == -2 && ms_since(t0) < 2000) std::this_thread::sleep_for(10ms);
+        if (k == -2) {
+          ADD_FAILURE() << "recv blocked in another thread did not return within 2 s of "
+                           "shutdown(SHUT_RD); unblocked by the test (the peer sends)";
+          ch.send(uint32_t(1));
+        }
+        reader.join();
+        EXPECT_EQ(k, 0);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        while (ch.recv<uint32_t>() == 1) send_all(fd, "x", 1);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// The client closes with data unread while the server is blocked sending more than fits:
+// the close returns at once, and the server's send returns (a short count or an error)
+// instead of waiting for ever.
+void close_with_unread(int server_thresh) {
+  static constexpr size_t kBig = 4u << 20;
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ch.wait();  // the server is sending
+        std::this_thread::sleep_for(200ms);
+        char buf[1000];
+        recv_exact(fd, buf, sizeof buf);
+        auto t0 = Clock::now();
+        ASSERT_EQ(close(fd), 0);
+        EXPECT_LT(ms_since(t0), 2000) << "close with unread data took long";
+        ch.signal();
+        ch.wait();
+      },
+      [server_thresh](Channel &ch) {
+        int fd = server_conn(ch);
+        set_zcopy_thresh(fd, server_thresh);
+        std::vector<char> big = pattern(13, 0, kBig);
+        ch.signal();
+        const auto t0 = Clock::now();
+        ssize_t k = send(fd, big.data(), kBig, MSG_NOSIGNAL);
+        int err = errno;
+        EXPECT_LT(ms_since(t0), 5000);
+        if (k < 0)
+          EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << strerror(err);
+        else
+          EXPECT_LT(size_t(k), kBig) << "all of it sent to a peer that closed";
+        ch.wait();  // the client has closed
+        // The next send fails, within a moment.
+        ssize_t k2 = 0;
+        const auto t1 = Clock::now();
+        while (k2 >= 0 && ms_since(t1) < 3000) k2 = send(fd, big.data(), 65536, MSG_NOSIGNAL);
+        EXPECT_EQ(k2, -1) << "send to a closed peer kept succeeding";
+        EXPECT_TRUE(errno == EPIPE || errno == ECONNRESET) << strerror(errno);
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Close, WithUnreadDataBCopySender) {
+  close_with_unread(0);
+}
+TEST(Close, WithUnreadDataZCopySender) {
+  close_with_unread(4096);
+}
+
+// close() returns at once in both orders: the first end to close, and the second once it
+// has read the first one's EOF (a TCP close never waits for the peer).
+TEST(Close, ReturnsPromptlyOnBothEnds) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        send_pattern(fd, 32, 0, 100000);
+        expect_pattern(fd, 33, 0, 100000);
+        const auto t0 = Clock::now();
+        ASSERT_EQ(close(fd), 0);
+        EXPECT_LT(ms_since(t0), 100) << "the first close() took long";
+        ch.signal();
+        ch.wait();
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 32, 0, 100000);
+        send_pattern(fd, 33, 0, 100000);
+        ch.wait();
+        expect_eof(fd);
+        const auto t0 = Clock::now();
+        ASSERT_EQ(close(fd), 0);
+        EXPECT_LT(ms_since(t0), 100) << "close() after the peer's close took long";
+        ch.signal();
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// The sender fills the peer's receive ring (the peer is not reading) and closes. As on TCP,
+// close() returns at once, and the peer, reading later, gets every byte and then EOF (an
+// orderly close), not ECONNRESET.
+TEST(Close, AfterFillingThePeerPeerReadsAllThenEof) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        set_nonblocking(fd, true);
+        std::vector<char> chunk(65536);
+        uint64_t sent = 0;
+        for (;;) {
+          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
+          pattern(26, sent, chunk.data(), chunk.size());
+          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (k < 0) {
+            ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+            break;
+          }
+          sent += uint64_t(k);
+        }
+        const auto t0 = Clock::now();
+        ASSERT_EQ(close(fd), 0);
+        EXPECT_LT(ms_since(t0), 300) << "close() blocked while the peer's ring was full";
+        ch.send(sent);
+        ch.wait();
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        const uint64_t n = ch.recv<uint64_t>();
+        std::this_thread::sleep_for(1500ms);  // a slow reader
+        expect_pattern(fd, 26, 0, n);
+        char c;
+        ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+        errno = 0;
+        ssize_t k = recv(fd, &c, 1, MSG_DONTWAIT);
+        EXPECT_EQ(k, 0) << "after all the data, not EOF but " << k << " (" << strerror(errno)
+                        << "): the closer's FIN was lost";
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// The peer sends, shuts down and closes (an orderly close) while this side has not read
+// yet: this side reads every byte, then EOF, however long it takes, as on TCP, though its
+// acks for what it consumes can no longer reach the closed peer.
+TEST(Close, UnreadDataOfAClosedPeerIsStillDelivered) {
+  static constexpr size_t kLen = 900000;  // fits the receive ring: the send does not block
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ch.wait();  // the server has sent and closed
+        std::this_thread::sleep_for(300ms);
+        expect_pattern(fd, 34, 0, 400000);  // enough to make this side send an ack
+        std::this_thread::sleep_for(1000ms);
+        expect_pattern(fd, 34, 400000, kLen - 400000);
+        expect_eof(fd);
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        send_pattern(fd, 34, 0, kLen);
+        ASSERT_EQ(close(fd), 0);
+        ch.signal();
+        ch.wait();
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// close() on a descriptor another thread is blocked in recv() on: no crash; the recv
+// returns once the peer closes (Linux keeps the socket until the call returns).
+TEST(Close, WhileAnotherThreadIsBlockedInRecv) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        std::atomic<ssize_t> k{-2};
+        std::atomic<int> err{0};
+        std::thread reader([&] {
+          char c;
+          ssize_t r = recv(fd, &c, 1, 0);
+          err = errno;
+          k = r;
+        });
+        std::this_thread::sleep_for(200ms);
+        ASSERT_EQ(close(fd), 0);
+        std::this_thread::sleep_for(500ms);  // the reader keeps waiting meanwhile
+        ch.signal();                         // the server closes its end
+        const auto t0 = Clock::now();
+        while (k == -2 && ms_since(t0) < 3000) std::this_thread::sleep_for(10ms);
+        if (k == -2) {
+          ADD_FAILURE() << "recv did not return within 3 s of the peer's close";
+          reader.detach();
+        } else {
+          reader.join();
+          EXPECT_TRUE(k >= 0 || err == ECONNRESET || err == EBADF) << k << " " << strerror(err);
+        }
+        ch.wait();
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        close(fd);
+        ch.signal();
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// ---- 6. MSG_PEEK, MSG_WAITALL, vectors, FIONREAD, sendfile ---------------------------------
+
+TEST(Io, PeekThenReadSameBytes) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ch.signal();
+        ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+        // Wait for all 3 sends (FIONREAD), so that the peeks see a fixed stream.
+        int avail = 0;
+        const auto t0 = Clock::now();
+        while (avail < 3000 && ms_since(t0) < 5000) ASSERT_EQ(ioctl(fd, FIONREAD, &avail), 0);
+        ASSERT_EQ(avail, 3000);
+        char a[3000], b[3000];
+        ASSERT_EQ(recv(fd, a, 100, MSG_PEEK), 100);
+        ASSERT_EQ(recv(fd, b, 100, MSG_PEEK), 100);  // peeking twice: the same bytes
+        EXPECT_EQ(memcmp(a, b, 100), 0);
+        ASSERT_EQ(recv(fd, a, 2500, MSG_PEEK), 2500);  // across the senders' boundaries
+        ASSERT_EQ(recv(fd, b, 700, 0), 700);
+        EXPECT_EQ(memcmp(a, b, 700), 0);
+        EXPECT_EQ(mismatch(14, 0, b, 700), "");
+        ASSERT_EQ(recv(fd, a, 3000, MSG_PEEK), 2300);  // more than there is: what there is
+        ASSERT_EQ(recv(fd, b, 2300, MSG_WAITALL), 2300);
+        EXPECT_EQ(memcmp(a, b, 2300), 0);
+        EXPECT_EQ(mismatch(14, 700, b, 2300), "");
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        for (int i = 0; i < 3; ++i) send_pattern(fd, 14, uint64_t(i) * 1000, 1000);
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// MSG_PEEK when the next bytes were sent zero copy (the sender is blocked in send() until
+// they are read): the peek returns them, as it would any other bytes.
+TEST(Io, PeekAtZeroCopyData) {
+  static constexpr size_t kLen = 65536;
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ch.signal();
+        ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+        char a[100];
+        ssize_t k;
+        {
+          // If the peek never returns, interrupt the sender: the rest comes BCopy.
+          const pid_t server = ch.peer_pid();
+          Rescue r(3000ms, "recv(MSG_PEEK) with zero-copy data at the head of the stream",
+                   [server] { kill(server, SIGUSR1); });
+          k = recv(fd, a, sizeof a, MSG_PEEK);
+        }
+        EXPECT_EQ(k, ssize_t(sizeof a)) << strerror(errno);
+        if (k > 0) {
+          EXPECT_EQ(mismatch(15, 0, a, size_t(k)), "");
+        }
+        expect_pattern(fd, 15, 0, kLen);
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        struct sigaction sa {};
+        sa.sa_handler = [](int) {};  // no SA_RESTART: the blocked send returns EINTR
+        sigaction(SIGUSR1, &sa, nullptr);
+        int fd = server_conn(ch);
+        set_zcopy_thresh(fd, 4096);
+        std::vector<char> v = pattern(15, 0, kLen);
+        ch.wait();
+        size_t off = 0;
+        while (off < kLen) {
+          ssize_t k = send(fd, v.data() + off, kLen - off, MSG_NOSIGNAL);
+          if (k < 0 && errno == EINTR) {
+            set_zcopy_thresh(fd, 0);  // interrupted by the client's rescue: go BCopy
+            continue;
+          }
+          ASSERT_GT(k, 0) << strerror(errno);
+          off += size_t(k);
+        }
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Io, WaitAllGathersSeveralSends) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ch.signal();
+        std::vector<char> v(10000);
+        auto t0 = Clock::now();
+        ASSERT_EQ(recv(fd, v.data(), v.size(), MSG_WAITALL), 10000);
+        EXPECT_GE(ms_since(t0), 150) << "returned before the last send";
+        EXPECT_EQ(mismatch(16, 0, v.data(), v.size()), "");
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.wait();
+        for (int i = 0; i < 10; ++i) {
+          send_pattern(fd, 16, uint64_t(i) * 1000, 1000);
+          std::this_thread::sleep_for(20ms);
+        }
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Io, ReadvWritev) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        std::vector<char> data = pattern(17, 0, 100000);
+        iovec out[4] = {{data.data(), 1},
+                        {data.data() + 1, 0},
+                        {data.data() + 1, 70000},
+                        {data.data() + 70001, 29999}};
+        ASSERT_EQ(writev(fd, out, 4), 100000);
+        // Back from the server, read into vectors of other sizes.
+        std::vector<char> in(100000, 0);
+        size_t got = 0;
+        while (got < in.size()) {
+          ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+          size_t a = std::min<size_t>(333, in.size() - got);
+          size_t b = std::min<size_t>(5000, in.size() - got - a);
+          iovec iv[3] = {{in.data() + got, a}, {in.data() + got + a, 0}, {in.data() + got + a, b}};
+          ssize_t k = readv(fd, iv, 3);
+          ASSERT_GT(k, 0) << strerror(errno);
+          got += size_t(k);
+        }
+        EXPECT_EQ(mismatch(18, 0, in.data(), in.size()), "");
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 17, 0, 100000);
+        std::vector<char> data = pattern(18, 0, 100000);
+        iovec out[3] = {
+            {data.data(), 40000}, {data.data() + 40000, 17}, {data.data() + 40017, 59983}};
+        ASSERT_EQ(writev(fd, out, 3), 100000);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Io, SendmsgRecvmsg) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        std::vector<char> data = pattern(19, 0, 30000);
+        iovec out[3] = {{data.data(), 10}, {data.data() + 10, 20000}, {data.data() + 20010, 9990}};
+        msghdr m{};
+        m.msg_iov = out;
+        m.msg_iovlen = 3;
+        ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), 30000);
+        std::vector<char> in(30000);
+        size_t got = 0;
+        while (got < in.size()) {
+          ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+          iovec iv[2] = {{in.data() + got, std::min<size_t>(777, in.size() - got)},
+                         {in.data() + got + std::min<size_t>(777, in.size() - got),
+                          in.size() - got - std::min<size_t>(777, in.size() - got)}};
+          sockaddr_in from{};
+          char ctl[64];
+          msghdr r{};
+          r.msg_name = &from;
+          r.msg_namelen = sizeof from;
+          r.msg_iov = iv;
+          r.msg_iovlen = 2;
+          r.msg_control = ctl;
+          r.msg_controllen = sizeof ctl;
+          ssize_t k = recvmsg(fd, &r, 0);
+          ASSERT_GT(k, 0) << strerror(errno);
+          EXPECT_EQ(r.msg_flags & (MSG_TRUNC | MSG_CTRUNC), 0);
+          EXPECT_EQ(r.msg_controllen, 0u);
+          got += size_t(k);
+        }
+        EXPECT_EQ(mismatch(20, 0, in.data(), in.size()), "");
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 19, 0, 30000);
+        std::vector<char> data = pattern(20, 0, 30000);
+        iovec out[2] = {{data.data(), 15000}, {data.data() + 15000, 15000}};
+        msghdr m{};
+        m.msg_iov = out;
+        m.msg_iovlen = 2;
+        ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), 30000);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Io, Fionread) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int n = -1;
+        ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+        EXPECT_EQ(n, 0);
+        ask(ch, 1234);
+        const auto t0 = Clock::now();
+        while (n != 1234 && ms_since(t0) < 5000) ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+        EXPECT_EQ(n, 1234);
+        expect_pattern(fd, 10, 0, 1000);
+        ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+        EXPECT_EQ(n, 234);
+        expect_pattern(fd, 10, 1000, 234);
+        ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+        EXPECT_EQ(n, 0);
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+// FIONREAD as the first call on an accepted connection, while the client is negotiating
+// (its first send waits for the handshake): no application byte can be there yet, and the
+// handshake's own bytes must not be counted.
+TEST(Io, FionreadBeforeFirstUse) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch, false);
+        send_pattern(fd, 21, 0, 10);  // the first use: the handshake, then the data
+        ch.wait();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch, false);
+        std::this_thread::sleep_for(300ms);  // the client's handshake bytes are in by now
+        int n = -1;
+        ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+        EXPECT_TRUE(n == 0 || n == 10) << "FIONREAD " << n << " before any data could be sent";
+        expect_pattern(fd, 21, 0, 10);
+        require_path(fd, PCIENTB_SDP_PATH_SDP, "server");
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Io, Sendfile) {
+  static constexpr size_t kLen = 300000;
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        char path[] = "/tmp/sdp_test_sendfile_XXXXXX";
+        int f = mkstemp(path);
+        ASSERT_GE(f, 0);
+        unlink(path);
+        std::vector<char> data = pattern(22, 0, kLen);
+        ASSERT_EQ(write(f, data.data(), kLen), ssize_t(kLen));
+        off_t off = 1000;  // with an offset: from byte 1000, the file position untouched
+        size_t left = kLen - 1000;
+        while (left) {
+          ssize_t k = sendfile(fd, f, &off, left);
+          ASSERT_GT(k, 0) << strerror(errno);
+          left -= size_t(k);
+        }
+        EXPECT_EQ(off, off_t(kLen));
+        EXPECT_EQ(lseek(f, 0, SEEK_CUR), off_t(kLen));
+        ASSERT_EQ(lseek(f, 0, SEEK_SET), 0);  // without: from the file position, which moves
+        ssize_t k = sendfile(fd, f, nullptr, 5000);
+        ASSERT_EQ(k, 5000) << strerror(errno);
+        EXPECT_EQ(lseek(f, 0, SEEK_CUR), 5000);
+        close(f);
+        ch.wait();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 22, 1000, kLen - 1000);
+        expect_pattern(fd, 22, 0, 5000);
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// ---- 7. dup, dup2, F_DUPFD ------------------------------------------------------------------
+
+// `duplicate(fd)` makes a second descriptor; the test talks over it, closes the original,
+// talks again both ways, and closes the duplicate: the server then reads EOF.
+void dup_test(const std::function<int(int)> &duplicate) {
+  two_process(
+      [&](Channel &ch) {
+        int fd = client_conn(ch);
+        int d = duplicate(fd);
+        ASSERT_GE(d, 0) << strerror(errno);
+        ASSERT_NE(d, fd);
+        EXPECT_EQ(stats_of(d).path, uint32_t(PCIENTB_SDP_PATH_SDP)) << "the duplicate";
+        send_pattern(d, 23, 0, 5000);
+        expect_pattern(fd, 24, 0, 5000);
+        ASSERT_EQ(close(fd), 0);
+        send_pattern(d, 23, 5000, 70000);
+        expect_pattern(d, 24, 5000, 70000);
+        EXPECT_EQ(stats_of(d).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+        ASSERT_EQ(close(d), 0);
+        ch.wait();
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 23, 0, 5000);
+        send_pattern(fd, 24, 0, 5000);
+        expect_pattern(fd, 23, 5000, 70000);
+        send_pattern(fd, 24, 5000, 70000);
+        expect_eof(fd);
+        ch.signal();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Dup, Dup) {
+  dup_test([](int fd) { return dup(fd); });
+}
+
+TEST(Dup, Dup2OverAnOpenDescriptor) {
+  dup_test([](int fd) {
+    int pp[2];
+    if (pipe(pp) != 0) return -1;
+    close(pp[1]);
+    return dup2(fd, pp[0]);  // replaces the pipe's read end
+  });
+}
+
+TEST(Dup, FcntlDupfd) {
+  dup_test([](int fd) {
+    int d = fcntl(fd, F_DUPFD, 100);
+    if (d >= 0 && d < 100) return -1;
+    return d;
+  });
+}
+
+// ---- 8. peer death -------------------------------------------------------------------------
+
+// The server is SIGKILLed: recv reports it (ECONNRESET, or EOF), and sends fail with
+// EPIPE/ECONNRESET, within 2 s.
+TEST(PeerDeath, RecvAndSendFailWithin2s) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        expect_pattern(fd, 25, 0, 1000);  // what it sent before it died is read first
+        ch.wait();
+        ch.kill_peer();
+        const auto t0 = Clock::now();
+        char buf[100];
+        errno = 0;
+        ssize_t k = recv(fd, buf, sizeof buf, 0);  // a hang: the harness's watchdog
+        EXPECT_TRUE(k == 0 || (k < 0 && errno == ECONNRESET))
+            << "recv " << k << " " << strerror(errno);
+        EXPECT_LT(ms_since(t0), 2000) << "recv took long to see the peer's death";
+        std::vector<char> chunk(65536);
+        ssize_t s = 0;
+        while (s >= 0 && ms_since(t0) < 4000)
+          s = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+        EXPECT_EQ(s, -1);
+        EXPECT_TRUE(errno == EPIPE || errno == ECONNRESET) << strerror(errno);
+        EXPECT_LT(ms_since(t0), 2000) << "send took long to fail";
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        send_pattern(fd, 25, 0, 1000);
+        ch.signal();
+        ch.wait(60s);  // killed here
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+volatile sig_atomic_t g_sigpipes = 0;
+
+// Sends to a killed peer until a send fails, then once more (as TCP: EPIPE then); returns
+// the SIGPIPEs seen.
+void send_to_dead_peer(int flags, bool expect_signal) {
+  two_process(
+      [=](Channel &ch) {
+        struct sigaction sa {
+        }, old{};
+        sa.sa_handler = [](int) { g_sigpipes = g_sigpipes + 1; };
+        sigaction(SIGPIPE, &sa, &old);
+        g_sigpipes = 0;
+        int fd = client_conn(ch);
+        ch.wait();
+        ch.kill_peer();
+        const auto t0 = Clock::now();
+        std::vector<char> chunk(65536);
+        ssize_t s = 0;
+        while (s >= 0 && ms_since(t0) < 4000) s = send(fd, chunk.data(), chunk.size(), flags);
+        EXPECT_EQ(s, -1);
+        int err = errno;
+        EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << strerror(err);
+        EXPECT_LT(ms_since(t0), 2000);
+        // As TCP: an error reported (ECONNRESET), later sends fail with EPIPE, which raises
+        // SIGPIPE unless MSG_NOSIGNAL.
+        for (int i = 0; i < 3; ++i) {
+          errno = 0;
+          EXPECT_EQ(send(fd, chunk.data(), 100, flags), -1);
+          err = errno;
+        }
+        if (expect_signal) {
+          EXPECT_EQ(err, EPIPE) << "sends after the failure: " << strerror(err);
+          EXPECT_GE(g_sigpipes, 1) << "no SIGPIPE without MSG_NOSIGNAL";
+        } else {
+          EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << strerror(err);
+          EXPECT_EQ(g_sigpipes, 0) << "SIGPIPE despite MSG_NOSIGNAL";
+        }
+        close(fd);
+        sigaction(SIGPIPE, &old, nullptr);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.signal();
+        ch.wait(60s);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(PeerDeath, NoSigpipeWithMsgNosignal) {
+  send_to_dead_peer(MSG_NOSIGNAL, false);
+}
+TEST(PeerDeath, SigpipeWithoutMsgNosignal) {
+  send_to_dead_peer(0, true);
+}
+
+// ---- 9. a server that forks a child per connection -----------------------------------------
+
+TEST(Fork, ServerForksPerConnection) {
+  static constexpr int kConns = 3;
+  static constexpr size_t kLen = 200000;
+  two_process(
+      [](Channel &ch) {
+        const uint16_t port = ch.recv<uint16_t>();
+        int fds[kConns];
+        for (int i = 0; i < kConns; ++i) fds[i] = dial(port);  // all open at once
+        for (int i = 0; i < kConns; ++i) send_pattern(fds[i], 30 + i, 0, kLen);
+        for (int i = 0; i < kConns; ++i) {
+          expect_pattern(fds[i], 40 + i, 0, kLen);
+          EXPECT_EQ(stats_of(fds[i]).path, uint32_t(PCIENTB_SDP_PATH_SDP)) << "client " << i;
+        }
+        for (int i = 0; i < kConns; ++i) close(fds[i]);
+        ch.wait();
+      },
+      [](Channel &ch) {
+        Listener l;
+        ch.send(l.port);
+        std::vector<pid_t> kids;
+        for (int i = 0; i < kConns; ++i) {
+          int c = l.accept_one();
+          fflush(nullptr);
+          pid_t pid = fork();
+          ASSERT_GE(pid, 0);
+          if (pid == 0) {
+            alarm(20);
+            close(l.fd);
+            int code = 1;
+            try {
+              // Which client is this? The first bytes say (the patterns differ by seed).
+              char head[16];
+              recv_exact(c, head, sizeof head);
+              int who = -1;
+              for (int s = 0; s < kConns; ++s)
+                if (mismatch(30 + s, 0, head, sizeof head).empty()) who = s;
+              if (who < 0) fail("unknown client data");
+              std::vector<char> rest(kLen - sizeof head);
+              recv_exact(c, rest.data(), rest.size());
+              std::string bad = mismatch(30 + who, sizeof head, rest.data(), rest.size());
+              if (!bad.empty()) fail(bad);
+              require_path(c, PCIENTB_SDP_PATH_SDP, "forked server child");
+              send_pattern(c, 40 + who, 0, kLen);
+              expect_eof(c);
+              close(c);
+              code = ::testing::Test::HasFailure() ? 1 : 0;
+            } catch (const std::exception &e) {
+              fprintf(stderr, "[forked server child %d] %s\n", int(getpid()), e.what());
+            }
+            fflush(nullptr);
+            _exit(code);
+          }
+          close(c);  // the parent's copy: the child serves
+          kids.push_back(pid);
+        }
+        for (pid_t k : kids) {
+          int status = -1;
+          const auto t0 = Clock::now();
+          while (waitpid(k, &status, WNOHANG) == 0 && ms_since(t0) < 25000)
+            std::this_thread::sleep_for(10ms);
+          EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+              << "forked server child " << k << " status " << status;
+        }
+        ch.signal();
+      },
+      within(std::chrono::seconds(40)));
+}
+
+// A process with an SDP connection forks children that exit, close their copy, or run a
+// program (system()): the parent's connection goes on, both ways.
+TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
+  static constexpr size_t kLen = 1u << 20;
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        send_pattern(fd, 70, 0, 1000);
+        expect_pattern(fd, 71, 0, 1000);
+        fflush(nullptr);
+        pid_t a = fork();
+        ASSERT_GE(a, 0);
+        if (a == 0) _exit(0);  // exits with the descriptor open
+        pid_t b = fork();
+        ASSERT_GE(b, 0);
+        if (b == 0) {
+          close(fd);  // closes its copy
+          _exit(0);
+        }
+        int status;
+        ASSERT_EQ(waitpid(a, &status, 0), a);
+        ASSERT_EQ(waitpid(b, &status, 0), b);
+        EXPECT_EQ(system("true"), 0);
+        send_pattern(fd, 70, 1000, kLen);
+        expect_pattern(fd, 71, 1000, kLen);
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 70, 0, 1000);
+        send_pattern(fd, 71, 0, 1000);
+        expect_pattern(fd, 70, 1000, kLen);
+        send_pattern(fd, 71, 1000, kLen);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// ---- signals ---------------------------------------------------------------------------------
+
+// A signal arrives while a thread is blocked in recv(): with SA_RESTART the call goes on
+// (and returns the data that comes later), without it recv fails with EINTR, as on TCP.
+void signal_during_recv(bool restart) {
+  two_process(
+      [restart](Channel &ch) {
+        struct sigaction sa {
+        }, old{};
+        sa.sa_handler = [](int) {};
+        sa.sa_flags = restart ? SA_RESTART : 0;
+        sigaction(SIGUSR1, &sa, &old);
+        int fd = client_conn(ch);
+        std::atomic<ssize_t> k{-2};
+        std::atomic<int> err{0};
+        char buf[10];
+        std::thread reader([&] {
+          ssize_t r = recv(fd, buf, sizeof buf, 0);
+          err = errno;
+          k = r;
+        });
+        std::this_thread::sleep_for(300ms);  // asleep in recv by now
+        pthread_kill(reader.native_handle(), SIGUSR1);
+        std::this_thread::sleep_for(300ms);
+        if (restart) {
+          EXPECT_EQ(k, -2) << "recv returned on a SA_RESTART signal: " << k << " " << strerror(err);
+        }
+        ch.send(uint32_t(10));  // the server sends 10 bytes (and ends a recv still waiting)
+        ch.wait();
+        reader.join();
+        if (restart) {
+          EXPECT_EQ(k, 10) << strerror(err);
+        } else {
+          EXPECT_EQ(k, -1);
+          EXPECT_EQ(err, EINTR) << strerror(err);
+        }
+        ch.send(uint32_t(0));
+        close(fd);
+        sigaction(SIGUSR1, &old, nullptr);
+      },
+      sending_server, within(std::chrono::seconds(30)));
+}
+
+// Known gap (NOTES.md): the layer sleeps in poll(), which no signal restarts, and it cannot
+// tell which signal interrupted it; it restarts only when every caught signal has
+// SA_RESTART. Run it by hand with --gtest_also_run_disabled_tests.
+TEST(Signals, DISABLED_RecvRestartedWithSaRestart) {
+  signal_during_recv(true);
+}
+TEST(Signals, RecvEintrWithoutSaRestart) {
+  signal_during_recv(false);
+}
+
+// ---- 10. fallback by the switch rules ------------------------------------------------------
+
+// CTest runs this one with PCIENTB_SDP_RULES="use tcp both * *:1-65535": the connection
+// stays on TCP (path 0) on both sides, and works.
+TEST(Fallback, RuleKeepsTcp) {
+  if (!getenv("PCIENTB_SDP_RULES"))
+    GTEST_SKIP() << "needs PCIENTB_SDP_RULES='use tcp both * *:1-65535' (set by CTest)";
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch, false);
+        send_pattern(fd, 50, 0, 100000);
+        expect_pattern(fd, 51, 0, 100000);
+        require_path(fd, PCIENTB_SDP_PATH_TCP, "client");
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch, false);
+        expect_pattern(fd, 50, 0, 100000);
+        send_pattern(fd, 51, 0, 100000);
+        require_path(fd, PCIENTB_SDP_PATH_TCP, "server");
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// ---- 11. socket options and names -----------------------------------------------------------
+
+TEST(Options, SoErrorZeroOnHealthyConnection) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int err = -1;
+        socklen_t len = sizeof err;
+        ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+        EXPECT_EQ(err, 0);
+        EXPECT_EQ(len, socklen_t(sizeof err));
+        int type = 0;
+        len = sizeof type;
+        ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len), 0);
+        EXPECT_EQ(type, SOCK_STREAM);
+        ch.signal();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        int err = -1;
+        socklen_t len = sizeof err;
+        ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+        EXPECT_EQ(err, 0);
+        ch.wait();
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+struct Names {
+  sockaddr_in local, peer;
+};
+
+Names names_of(int fd) {
+  Names n{};
+  socklen_t len = sizeof n.local;
+  check_sys(getsockname(fd, reinterpret_cast<sockaddr *>(&n.local), &len) == 0, "getsockname");
+  len = sizeof n.peer;
+  check_sys(getpeername(fd, reinterpret_cast<sockaddr *>(&n.peer), &len) == 0, "getpeername");
+  return n;
+}
+
+bool same(const sockaddr_in &a, const sockaddr_in &b) {
+  return a.sin_family == b.sin_family && a.sin_port == b.sin_port &&
+         a.sin_addr.s_addr == b.sin_addr.s_addr;
+}
+
+TEST(Options, SockNameAndPeerNameMatchTcp) {
+  two_process(
+      [](Channel &ch) {
+        const uint16_t port = ch.recv<uint16_t>();
+        int fd = dial(port);
+        settle_client(fd);
+        Names mine = names_of(fd);
+        Names theirs = ch.recv<Names>();
+        EXPECT_EQ(ntohs(mine.peer.sin_port), port);
+        EXPECT_EQ(mine.peer.sin_addr.s_addr, htonl(INADDR_LOOPBACK));
+        EXPECT_TRUE(same(mine.local, theirs.peer)) << "client's name vs server's peer name";
+        EXPECT_TRUE(same(mine.peer, theirs.local)) << "client's peer name vs server's name";
+        // recvfrom's address is the peer's too.
+        ch.signal();
+        sockaddr_in from{};
+        socklen_t len = sizeof from;
+        char buf[4];
+        ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+        ASSERT_EQ(recvfrom(fd, buf, sizeof buf, 0, reinterpret_cast<sockaddr *>(&from), &len), 4);
+        EXPECT_TRUE(same(from, mine.peer)) << "recvfrom's address";
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        ch.send(names_of(fd));
+        ch.wait();
+        send_all(fd, "abcd", 4);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+TEST(Options, TcpNodelayAccepted) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int one = 1, v = 0;
+        socklen_t len = sizeof v;
+        ASSERT_EQ(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0) << strerror(errno);
+        ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &len), 0);
+        EXPECT_NE(v, 0);
+        for (int i = 0; i < 100; ++i) {  // small request/response still works
+          send_pattern(fd, 60, uint64_t(i), 1);
+          expect_pattern(fd, 61, uint64_t(i), 1);
+        }
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        int one = 1;
+        ASSERT_EQ(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0);
+        for (int i = 0; i < 100; ++i) {
+          expect_pattern(fd, 60, uint64_t(i), 1);
+          send_pattern(fd, 61, uint64_t(i), 1);
+        }
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// SDP_ZCOPY_THRESH: get/set roundtrip, bad values refused, and the value takes effect.
+TEST(Options, ZcopyThreshRoundtrip) {
+  static constexpr size_t kLen = 1u << 21;
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        int v = -1;
+        socklen_t len = sizeof v;
+        ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &v, &len), 0) << strerror(errno);
+        EXPECT_EQ(len, socklen_t(sizeof v));
+        EXPECT_GE(v, 0);
+        if (const char *e = getenv("PCIENTB_SDP_ZCOPY_THRESH")) {
+          EXPECT_EQ(v, atoi(e));
+        }
+        ::testing::Test::RecordProperty("default_zcopy_thresh", std::to_string(v));
+        for (int want : {4096, 0, 123457}) {
+          set_zcopy_thresh(fd, want);
+          len = sizeof v;
+          ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &v, &len), 0);
+          EXPECT_EQ(v, want);
+        }
+        int bad = -1;
+        errno = 0;
+        EXPECT_EQ(setsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &bad, sizeof bad), -1);
+        EXPECT_EQ(errno, EINVAL);
+        short small = 100;
+        errno = 0;
+        EXPECT_EQ(setsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &small, sizeof small), -1);
+        EXPECT_EQ(errno, EINVAL);
+        len = sizeof v;
+        ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &v, &len), 0);
+        EXPECT_EQ(v, 123457) << "a refused value changed the threshold";
+        // 0: a 2 MiB blocking send goes BCopy; 4096: it goes ZCopy.
+        set_zcopy_thresh(fd, 0);
+        std::vector<char> data = pattern(62, 0, kLen);
+        send_all(fd, data.data(), kLen);
+        ch.wait();
+        pcientb_sdp_stats st = stats_of(fd);
+        EXPECT_EQ(st.zcopy_tx, 0u) << "threshold 0 still sent zero copy";
+        EXPECT_GE(st.bcopy_tx, kLen);
+        set_zcopy_thresh(fd, 4096);
+        pattern(62, kLen, data.data(), kLen);
+        ASSERT_EQ(send(fd, data.data(), kLen, MSG_NOSIGNAL), ssize_t(kLen));
+        ch.wait();
+        st = stats_of(fd);
+        EXPECT_EQ(st.zcopy_tx, kLen) << "a blocking send above the threshold went BCopy";
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_pattern(fd, 62, 0, kLen);
+        ch.signal();
+        expect_pattern(fd, 62, kLen, kLen);
+        ch.signal();
+        EXPECT_EQ(stats_of(fd).zcopy_rx, kLen);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// SO_RCVTIMEO: a blocking recv on an empty connection returns EAGAIN after the timeout,
+// as on TCP (programs use it for their timeouts).
+TEST(Options, RcvTimeoHonoured) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        timeval tv{0, 200000};
+        ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+        char buf[16];
+        const auto t0 = Clock::now();
+        ssize_t k;
+        {
+          Rescue r(3000ms, "recv with SO_RCVTIMEO=200ms on an empty connection",
+                   [&ch] { ch.send(uint32_t(1)); });  // the server sends a byte
+          k = recv(fd, buf, sizeof buf, 0);
+        }
+        if (k < 0) {
+          EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+          EXPECT_GE(ms_since(t0), 150);
+        }
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        while (ch.recv<uint32_t>() == 1) send_all(fd, "x", 1);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+// SO_SNDTIMEO: a blocking send that finds no room returns after the timeout (a short
+// count, or EAGAIN), as on TCP.
+TEST(Options, SndTimeoHonoured) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        set_nonblocking(fd, true);
+        std::vector<char> chunk(65536);
+        uint64_t sent = 0;
+        for (;;) {
+          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
+          pattern(27, sent, chunk.data(), chunk.size());
+          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (k < 0) break;
+          sent += uint64_t(k);
+        }
+        set_nonblocking(fd, false);
+        timeval tv{0, 200000};
+        ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
+        pattern(27, sent, chunk.data(), chunk.size());
+        const auto t0 = Clock::now();
+        ssize_t k;
+        {
+          Rescue r(3000ms, "send with SO_SNDTIMEO=200ms and no room",
+                   [&ch, n = sent + chunk.size()] { ch.send(n); });  // the server drains
+          k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (r.fired() && k > 0 && size_t(k) < chunk.size())
+            send_all(fd, chunk.data() + k, chunk.size() - size_t(k));
+        }
+        const bool rescued = ms_since(t0) >= 3000;
+        if (!rescued) {
+          EXPECT_TRUE(k < 0 ? errno == EAGAIN || errno == EWOULDBLOCK : size_t(k) < chunk.size())
+              << k << " " << strerror(errno);
+          EXPECT_GE(ms_since(t0), 150);
+          ch.send(uint64_t(k > 0 ? sent + uint64_t(k) : sent));
+        }
+        ch.wait();
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        const uint64_t n = ch.recv<uint64_t>();
+        expect_pattern(fd, 27, 0, n);
+        ch.signal();
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
+}  // namespace
+}  // namespace pcientb::test
