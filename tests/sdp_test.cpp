@@ -38,6 +38,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -331,6 +332,218 @@ class Rescue {
   std::thread t_;
 };
 
+// ---- parts the tests share -----------------------------------------------------------------
+
+// One end's part of a test: its channel and its connection.
+using Side = std::function<void(Channel &, int)>;
+
+// The usual shape of a test: each end gets a settled SDP connection (the server in the
+// child, the client in this process), runs its side on it, and closes it.
+void connected(const Side &client, const Side &server, std::chrono::seconds limit = 30s) {
+  two_process(
+      [&](Channel &ch) {
+        int fd = client_conn(ch);
+        client(ch, fd);
+        close(fd);
+      },
+      [&](Channel &ch) {
+        int fd = server_conn(ch);
+        server(ch, fd);
+        close(fd);
+      },
+      within(limit));
+}
+
+// The server of a test that looks at the client's socket before and after data comes: on
+// the client's first signal it runs `act` (sends, or shuts down), and ends on the second.
+Side act_on_signal(std::function<void(int)> act) {
+  return [act = std::move(act)](Channel &ch, int fd) {
+    ch.wait();
+    act(fd);
+    ch.wait();
+  };
+}
+
+// act_on_signal sending bytes [0, n) of stream `seed`.
+Side send_on_signal(uint64_t seed, size_t n) {
+  return act_on_signal([=](int fd) { send_pattern(fd, seed, 0, n); });
+}
+
+// A server that sends one byte each time the client asks (sends 1), and ends on 0: the
+// client's way to unblock a recv that should have returned by itself.
+void byte_on_request_server(Channel &ch, int fd) {
+  while (ch.recv<uint32_t>() == 1) send_all(fd, "x", 1);
+}
+
+// A server that reads as many bytes of stream `seed` as the client says (over the
+// channel), signals, and waits for the client's close: the peer of a client that filled
+// the connection.
+Side draining_server(uint64_t seed) {
+  return [seed](Channel &ch, int fd) {
+    const uint64_t n = ch.recv<uint64_t>();
+    expect_pattern(fd, seed, 0, n);
+    ch.signal();
+    expect_eof(fd);
+  };
+}
+
+// Sends 64 KiB pieces of stream `seed` (from 0) until one fails with EAGAIN: the peer does
+// not read, so the connection must fill up well before 64 MiB. `sent` counts the bytes
+// accepted. The socket is O_NONBLOCK, or `flags` has MSG_DONTWAIT. Call it inside
+// ASSERT_NO_FATAL_FAILURE: its ASSERTs end only itself.
+void fill_until_eagain(int fd, uint64_t seed, uint64_t &sent, int flags = MSG_NOSIGNAL) {
+  std::vector<char> chunk(65536);
+  sent = 0;
+  for (;;) {
+    ASSERT_LT(sent, 64u << 20) << "64 MiB went without EAGAIN to a peer that does not read";
+    pattern(seed, sent, chunk.data(), chunk.size());
+    ssize_t k = send(fd, chunk.data(), chunk.size(), flags);
+    if (k < 0) {
+      ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+      return;
+    }
+    ASSERT_GT(k, 0);
+    sent += uint64_t(k);
+  }
+}
+
+// One request/response round over bytes [pos, pos+n) of two streams: the client sends
+// stream `up` and reads stream `down` back; the server does the opposite.
+void client_round(int fd, uint64_t up, uint64_t down, uint64_t pos, size_t n) {
+  send_pattern(fd, up, pos, n);
+  expect_pattern(fd, down, pos, n);
+}
+
+void server_round(int fd, uint64_t up, uint64_t down, uint64_t pos, size_t n) {
+  expect_pattern(fd, up, pos, n);
+  send_pattern(fd, down, pos, n);
+}
+
+// The two ends of a connection whose first use is one round (no greeting: the round itself
+// runs the handshake); each checks the connection ended up on `path`, then closes (the
+// server after the client's EOF).
+void first_round_client(int fd, uint64_t up, uint64_t down, size_t n, uint32_t path) {
+  client_round(fd, up, down, 0, n);
+  require_path(fd, path, "client");
+  close(fd);
+}
+
+void first_round_server(Channel &ch, uint64_t up, uint64_t down, size_t n, uint32_t path) {
+  int fd = server_conn(ch, false);
+  server_round(fd, up, down, 0, n);
+  require_path(fd, path, "server");
+  expect_eof(fd);
+  close(fd);
+}
+
+// close(), which must return within `limit_ms`: a TCP close never waits for the peer.
+void close_promptly(int fd, int64_t limit_ms, const char *what) {
+  const auto t0 = Clock::now();
+  ASSERT_EQ(close(fd), 0);
+  EXPECT_LT(ms_since(t0), limit_ms) << what;
+}
+
+// `call` (a recv, read or send) must fail with EAGAIN: nothing to read, or no room.
+void expect_eagain(const std::function<ssize_t()> &call) {
+  errno = 0;
+  const ssize_t r = call();
+  const int err = errno;
+  EXPECT_EQ(r, -1);
+  EXPECT_TRUE(err == EAGAIN || err == EWOULDBLOCK) << strerror(err);
+}
+
+// getsockopt(SO_ERROR), checked to give back a whole int.
+int so_error(int fd) {
+  int err = -1;
+  socklen_t len = sizeof err;
+  check_sys(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0, "getsockopt(SO_ERROR)");
+  if (len != sizeof err) fail("getsockopt(SO_ERROR): length " + std::to_string(len));
+  return err;
+}
+
+// A recv() of up to `n` bytes in a thread of its own, for the tests that act on a socket
+// (shutdown, close, a signal) while a call is blocked on it. The thread owns its state
+// with this object, so a recv that never returns can be left behind (detached).
+class BlockedRecv {
+ public:
+  BlockedRecv(int fd, size_t n) : s_(std::make_shared<State>(n)) {
+    t_ = std::thread([s = s_, fd] {
+      ssize_t r = recv(fd, s->buf.data(), s->buf.size(), 0);
+      s->err = errno;
+      s->k = r;
+    });
+  }
+  ~BlockedRecv() {
+    if (t_.joinable()) t_.detach();
+  }
+  // Whether the recv has returned, waiting up to `limit` for it.
+  bool returns_within(std::chrono::milliseconds limit) {
+    const auto t0 = Clock::now();
+    while (!returned() && ms_since(t0) < limit.count()) std::this_thread::sleep_for(10ms);
+    return returned();
+  }
+  bool returned() const { return s_->k != kPending; }
+  ssize_t result() const { return s_->k; }  // kPending while blocked
+  int error() const { return s_->err; }     // errno after the recv
+  std::thread &thread() { return t_; }
+  void join() { t_.join(); }
+
+  static constexpr ssize_t kPending = -2;
+
+ private:
+  struct State {
+    explicit State(size_t n) : buf(n) {}
+    std::vector<char> buf;
+    std::atomic<ssize_t> k{kPending};
+    std::atomic<int> err{0};
+  };
+  std::shared_ptr<State> s_;
+  std::thread t_;
+};
+
+// Sends to a peer that is gone until a send fails, until `t0` + 4 s at most: it must fail
+// with EPIPE or ECONNRESET. Returns the errno.
+int expect_send_fails(int fd, int flags, Clock::time_point t0) {
+  std::vector<char> chunk(65536);
+  ssize_t s = 0;
+  while (s >= 0 && ms_since(t0) < 4000) s = send(fd, chunk.data(), chunk.size(), flags);
+  const int err = errno;
+  EXPECT_EQ(s, -1);
+  EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << strerror(err);
+  return err;
+}
+
+// The peer has shut down its sending side: `events(ms)` (poll or epoll, OR-ed over calls)
+// must report `in` and `rdhup` within 3 s, before anything is read; then recv gives EOF.
+void expect_rdhup_before_reading(int fd, uint32_t in, uint32_t rdhup, const char *rdhup_name,
+                                 const std::function<uint32_t(int)> &events) {
+  uint32_t seen = 0;
+  const auto t0 = Clock::now();
+  while (!(seen & rdhup) && ms_since(t0) < 3000) seen |= events(200);
+  EXPECT_TRUE(seen & in) << "events 0x" << std::hex << seen;
+  EXPECT_TRUE(seen & rdhup) << "no " << rdhup_name
+                            << " within 3 s of the peer's shutdown(SHUT_WR) (before reading); "
+                               "events 0x"
+                            << std::hex << seen;
+  char c;
+  EXPECT_EQ(recv(fd, &c, 1, MSG_DONTWAIT), 0);
+}
+
+// Reads bytes [0, n) of stream `seed` with calls of `read_some(at, left)` (each after
+// poll says readable), as recv_exact does with recv, for the vector calls.
+void expect_pattern_by(int fd, uint64_t seed, size_t n,
+                       const std::function<ssize_t(char *, size_t)> &read_some) {
+  std::vector<char> in(n, 0);
+  size_t got = 0;
+  while (got < n) {
+    ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
+    ssize_t k = read_some(in.data() + got, n - got);
+    ASSERT_GT(k, 0) << strerror(errno);
+    got += size_t(k);
+  }
+  EXPECT_EQ(mismatch(seed, 0, in.data(), n), "");
+}
+
 // ---- 1. blocking send/recv, both directions at once ----------------------------------------
 
 struct PumpConfig {
@@ -471,9 +684,8 @@ TEST(Stream, ZCopyBothWaysRandomSizes) {
 // still deliver it (zero copy or not).
 TEST(Stream, ZCopyFromReadOnlyMemory) {
   static constexpr size_t kLen = 256 * 1024;
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         set_zcopy_thresh(fd, 4096);
         void *m = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         ASSERT_NE(m, MAP_FAILED);
@@ -483,74 +695,41 @@ TEST(Stream, ZCopyFromReadOnlyMemory) {
         EXPECT_EQ(k, ssize_t(kLen)) << strerror(errno);
         ch.wait();
         munmap(m, kLen);
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int fd) {
         expect_pattern(fd, 7, 0, kLen);
         ch.signal();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 // ---- 2. O_NONBLOCK and MSG_DONTWAIT --------------------------------------------------------
 
 TEST(NonBlocking, RecvEagainWhenEmpty) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         set_nonblocking(fd, true);
         char buf[256];
-        errno = 0;
-        EXPECT_EQ(recv(fd, buf, sizeof buf, 0), -1);
-        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
-        errno = 0;
-        EXPECT_EQ(read(fd, buf, sizeof buf), -1);
-        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+        expect_eagain([&] { return recv(fd, buf, sizeof buf, 0); });
+        expect_eagain([&] { return read(fd, buf, sizeof buf); });
         ch.signal();  // now send
         ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
         ssize_t k = recv(fd, buf, sizeof buf, 0);
         ASSERT_EQ(k, 100);
         EXPECT_EQ(mismatch(1, 0, buf, 100), "");
-        errno = 0;
-        EXPECT_EQ(recv(fd, buf, sizeof buf, 0), -1);
-        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+        expect_eagain([&] { return recv(fd, buf, sizeof buf, 0); });
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        ch.wait();
-        send_pattern(fd, 1, 0, 100);
-        ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      send_on_signal(1, 100));
 }
 
 // Nonblocking sends until EAGAIN while the peer does not read; then the peer drains, the
 // socket turns writable, and every byte arrives intact, including those sent after.
 TEST(NonBlocking, SendEagainWhenPeerDoesNotRead) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         set_nonblocking(fd, true);
-        std::vector<char> chunk(65536);
         uint64_t sent = 0;
-        bool eagain = false;
-        while (sent < (64u << 20)) {
-          pattern(2, sent, chunk.data(), chunk.size());
-          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
-          if (k < 0) {
-            ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
-            eagain = true;
-            break;
-          }
-          ASSERT_GT(k, 0);
-          sent += uint64_t(k);
-        }
-        ASSERT_TRUE(eagain) << "64 MiB went without EAGAIN to a peer that does not read";
+        ASSERT_NO_FATAL_FAILURE(fill_until_eagain(fd, 2, sent));
         // As TCP: right after EAGAIN there is no room to report.
         pollfd p{fd, POLLOUT, 0};
         EXPECT_EQ(poll(&p, 1, 0), 0) << "POLLOUT right after EAGAIN";
@@ -562,60 +741,41 @@ TEST(NonBlocking, SendEagainWhenPeerDoesNotRead) {
         recv_exact(fd, &ok, 1);
         EXPECT_EQ(ok, 'K');
         ::testing::Test::RecordProperty("bytes_before_eagain", std::to_string(sent));
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int fd) {
         uint64_t n = ch.recv<uint64_t>();
         expect_pattern(fd, 2, 0, n + 10000);
         send_all(fd, "K", 1);
         expect_eof(fd);
-        close(fd);
       },
-      within(std::chrono::seconds(40)));
+      std::chrono::seconds(40));
 }
 
 TEST(NonBlocking, MsgDontwaitOnBlockingSocket) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         ASSERT_EQ(fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
         char buf[64];
-        errno = 0;
-        EXPECT_EQ(recv(fd, buf, sizeof buf, MSG_DONTWAIT), -1);
-        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
+        expect_eagain([&] { return recv(fd, buf, sizeof buf, MSG_DONTWAIT); });
         ch.signal();
         ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
         ASSERT_EQ(recv(fd, buf, sizeof buf, MSG_DONTWAIT), 40);
         EXPECT_EQ(mismatch(3, 0, buf, 40), "");
         // Send side: MSG_DONTWAIT fills until EAGAIN; a blocking send then waits for room.
-        std::vector<char> chunk(65536);
         uint64_t sent = 0;
-        for (;;) {
-          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
-          pattern(4, sent, chunk.data(), chunk.size());
-          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-          if (k < 0) {
-            ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
-            break;
-          }
-          sent += uint64_t(k);
-        }
+        ASSERT_NO_FATAL_FAILURE(fill_until_eagain(fd, 4, sent, MSG_DONTWAIT | MSG_NOSIGNAL));
         ch.send(sent + 200000);
         send_pattern(fd, 4, sent, 200000);  // blocks until the server reads
         ch.wait();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int fd) {
         ch.wait();
         send_pattern(fd, 3, 0, 40);
         uint64_t n = ch.recv<uint64_t>();
         expect_pattern(fd, 4, 0, n);
         ch.signal();
-        close(fd);
       },
-      within(std::chrono::seconds(40)));
+      std::chrono::seconds(40));
 }
 
 // Both ends nonblocking from the start: the handshake runs inside nonblocking calls and
@@ -682,24 +842,12 @@ TEST(NonBlocking, ConnectOnNonblockingSocket) {
         if (r != 0) {
           ASSERT_EQ(errno, EINPROGRESS) << strerror(errno);
           ASSERT_TRUE(wait_for(fd, POLLOUT, kIoTimeoutMs));
-          int err = -1;
-          socklen_t len = sizeof err;
-          ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+          const int err = so_error(fd);
           ASSERT_EQ(err, 0) << strerror(err);
         }
-        send_pattern(fd, 28, 0, 100000);
-        expect_pattern(fd, 29, 0, 100000);
-        require_path(fd, PCIENTB_SDP_PATH_SDP, "client");
-        close(fd);
+        first_round_client(fd, 28, 29, 100000, PCIENTB_SDP_PATH_SDP);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch, false);
-        expect_pattern(fd, 28, 0, 100000);
-        send_pattern(fd, 29, 0, 100000);
-        require_path(fd, PCIENTB_SDP_PATH_SDP, "server");
-        expect_eof(fd);
-        close(fd);
-      },
+      [](Channel &ch) { first_round_server(ch, 28, 29, 100000, PCIENTB_SDP_PATH_SDP); },
       within(std::chrono::seconds(30)));
 }
 
@@ -708,9 +856,8 @@ TEST(NonBlocking, ConnectOnNonblockingSocket) {
 // The server sends 10 bytes 100 ms after each signal; `ready(fd, events, ms)` is the
 // multiplexer under test, returning the events it reported (0: timeout).
 void readiness_test(const std::function<short(int, short, int)> &ready) {
-  two_process(
-      [&](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [&](Channel &ch, int fd) {
         EXPECT_EQ(ready(fd, POLLIN, 0), 0) << "readable with nothing sent";
         auto t0 = Clock::now();
         EXPECT_EQ(ready(fd, POLLIN, 150), 0) << "readable with nothing sent";
@@ -728,17 +875,11 @@ void readiness_test(const std::function<short(int, short, int)> &ready) {
         EXPECT_EQ(mismatch(8, 0, buf, 10), "");
         EXPECT_EQ(ready(fd, POLLIN, 50), 0) << "still readable after everything was read";
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        ch.wait();
+      act_on_signal([](int fd) {
         std::this_thread::sleep_for(100ms);
         send_pattern(fd, 8, 0, 10);
-        ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      }));
 }
 
 TEST(Poll, ReadableWritableTimeout) {
@@ -778,9 +919,8 @@ TEST(Ppoll, ReadableWritableTimeout) {
 
 // poll over an SDP socket and a pipe together: each is reported for itself.
 TEST(Poll, SocketAndPipeTogether) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         int pp[2];
         ASSERT_EQ(pipe(pp), 0);
         pollfd p[2] = {{fd, POLLIN, 0}, {pp[0], POLLIN, 0}};
@@ -803,53 +943,27 @@ TEST(Poll, SocketAndPipeTogether) {
         close(pp[0]);
         close(pp[1]);
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        ch.wait();
-        send_pattern(fd, 9, 0, 5);
-        ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      send_on_signal(9, 5));
 }
 
 // As TCP: once the peer's FIN is in, poll reports POLLRDHUP (and POLLIN), before the
 // program reads anything; reading then gives EOF.
 TEST(Poll, RdhupAfterPeerShutdown) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         ch.signal();  // the server shuts down its sending side
         pollfd p{fd, POLLIN | POLLRDHUP, 0};
-        short seen = 0;
-        const auto t0 = Clock::now();
-        while (!(seen & POLLRDHUP) && ms_since(t0) < 3000) {
-          ASSERT_GE(poll(&p, 1, 200), 0);
-          seen |= p.revents;
-        }
-        EXPECT_TRUE(seen & POLLIN) << "revents 0x" << std::hex << seen;
-        EXPECT_TRUE(seen & POLLRDHUP)
-            << "no POLLRDHUP within 3 s of the peer's shutdown(SHUT_WR) (before reading); "
-               "revents 0x"
-            << std::hex << seen;
-        char c;
-        EXPECT_EQ(recv(fd, &c, 1, MSG_DONTWAIT), 0);
+        expect_rdhup_before_reading(fd, POLLIN, POLLRDHUP, "POLLRDHUP", [&](int ms) {
+          check_sys(poll(&p, 1, ms) >= 0, "poll");
+          return uint32_t(p.revents);
+        });
         p.revents = 0;
         ASSERT_EQ(poll(&p, 1, 0), 1);
         EXPECT_EQ(p.revents & (POLLIN | POLLRDHUP), POLLIN | POLLRDHUP) << "after EOF was read";
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        ch.wait();
-        ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
-        ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      act_on_signal([](int fd) { ASSERT_EQ(shutdown(fd, SHUT_WR), 0); }));
 }
 
 // One thread waits in poll/epoll for POLLIN while another is blocked in send() on the same
@@ -859,9 +973,8 @@ TEST(Poll, RdhupAfterPeerShutdown) {
 // `wait_readable(fd, ms)` is the multiplexer: true when it reported the socket readable.
 void wakes_while_sending(const std::function<bool(int, int)> &wait_readable) {
   static constexpr int kMsgs = 20;
-  two_process(
-      [&](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [&](Channel &ch, int fd) {
         std::atomic<bool> stop{false};
         std::thread writer([&] {  // fills the ring, then waits for room in send()
           std::vector<char> chunk(262144, 'w');
@@ -891,10 +1004,8 @@ void wakes_while_sending(const std::function<bool(int, int)> &wait_readable) {
         writer.join();
         shutdown(fd, SHUT_WR);
         ch.wait();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int fd) {
         for (;;) {
           uint32_t i = ch.recv<uint32_t>();
           if (i == UINT32_MAX) break;
@@ -904,9 +1015,8 @@ void wakes_while_sending(const std::function<bool(int, int)> &wait_readable) {
         while (recv(fd, buf.data(), buf.size(), 0) > 0) {
         }
         ch.signal();
-        close(fd);
       },
-      within(std::chrono::seconds(60)));
+      std::chrono::seconds(60));
 }
 
 TEST(Poll, WakesWhileAnotherThreadIsBlockedInSend) {
@@ -954,10 +1064,9 @@ void epoll_add(int ep, int fd, uint32_t events, int op = EPOLL_CTL_ADD) {
   check_sys(epoll_ctl(ep, op, fd, &ev) == 0, "epoll_ctl");
 }
 
-// The server sends `n` bytes of stream 10 (from `pos`) each time it gets a value n > 0, and
-// ends on 0.
-void sending_server(Channel &ch) {
-  int fd = server_conn(ch);
+// The server sends `n` bytes of stream 10 (from `pos`) each time it gets a value n > 0
+// (UINT32_MAX: shuts down its sending side instead), and ends on 0.
+void sending_server(Channel &ch, int fd) {
   uint64_t pos = 0;
   for (;;) {
     uint32_t n = ch.recv<uint32_t>();
@@ -970,7 +1079,6 @@ void sending_server(Channel &ch) {
     pos += n;
     ch.signal();
   }
-  close(fd);
 }
 
 // Asks the sending server for n bytes and waits until they are sent.
@@ -979,232 +1087,180 @@ void ask(Channel &ch, uint32_t n) {
   ch.wait();
 }
 
-TEST(Epoll, LevelTriggered) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int ep = epoll_create1(EPOLL_CLOEXEC);
-        ASSERT_GE(ep, 0);
-        epoll_add(ep, fd, EPOLLIN);
-        EXPECT_EQ(epoll_events(ep, fd, 100), 0u);
-        ask(ch, 100);
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
-        expect_pattern(fd, 10, 0, 10);
-        // Level-triggered: reported again while data remains.
-        EXPECT_EQ(epoll_events(ep, fd, 0), uint32_t(EPOLLIN)) << "90 bytes left unread";
-        EXPECT_EQ(epoll_events(ep, fd, 100), uint32_t(EPOLLIN)) << "90 bytes left unread";
-        expect_pattern(fd, 10, 10, 90);
-        EXPECT_EQ(epoll_events(ep, fd, 100), 0u) << "reported after everything was read";
-        epoll_add(ep, fd, EPOLLIN | EPOLLOUT, EPOLL_CTL_MOD);
-        EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLOUT));
-        close(ep);
+// A test whose client talks to sending_server: `client` gets the settled connection, and
+// the server is told to end afterwards.
+void with_sending_server(const Side &client) {
+  connected(
+      [&](Channel &ch, int fd) {
+        client(ch, fd);
         ch.send(uint32_t(0));
-        close(fd);
       },
-      sending_server, within(std::chrono::seconds(30)));
+      sending_server);
+}
+
+// with_sending_server with an epoll set `ep` in which the connection is registered for
+// `events`.
+void epoll_test(uint32_t events, const std::function<void(Channel &, int, int)> &client) {
+  with_sending_server([&](Channel &ch, int fd) {
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    ASSERT_GE(ep, 0);
+    epoll_add(ep, fd, events);
+    client(ch, fd, ep);
+    close(ep);
+  });
+}
+
+TEST(Epoll, LevelTriggered) {
+  epoll_test(EPOLLIN, [](Channel &ch, int fd, int ep) {
+    EXPECT_EQ(epoll_events(ep, fd, 100), 0u);
+    ask(ch, 100);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    expect_pattern(fd, 10, 0, 10);
+    // Level-triggered: reported again while data remains.
+    EXPECT_EQ(epoll_events(ep, fd, 0), uint32_t(EPOLLIN)) << "90 bytes left unread";
+    EXPECT_EQ(epoll_events(ep, fd, 100), uint32_t(EPOLLIN)) << "90 bytes left unread";
+    expect_pattern(fd, 10, 10, 90);
+    EXPECT_EQ(epoll_events(ep, fd, 100), 0u) << "reported after everything was read";
+    epoll_add(ep, fd, EPOLLIN | EPOLLOUT, EPOLL_CTL_MOD);
+    EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLOUT));
+  });
 }
 
 TEST(Epoll, EdgeTriggeredOneEventPerArrival) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int ep = epoll_create1(EPOLL_CLOEXEC);
-        ASSERT_GE(ep, 0);
-        epoll_add(ep, fd, EPOLLIN | EPOLLET);
-        ask(ch, 100);
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
-        expect_pattern(fd, 10, 0, 10);  // partial read, no new data: no new event
-        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "a second event without new data";
-        ask(ch, 50);  // new data: a new event
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN)) << "no event for new data";
-        EXPECT_EQ(epoll_events(ep, fd, 200), 0u);
-        expect_pattern(fd, 10, 10, 140);
-        EXPECT_EQ(epoll_events(ep, fd, 100), 0u);
-        ask(ch, 30);
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
-        expect_pattern(fd, 10, 150, 30);
-        close(ep);
-        ch.send(uint32_t(0));
-        close(fd);
-      },
-      sending_server, within(std::chrono::seconds(30)));
+  epoll_test(EPOLLIN | EPOLLET, [](Channel &ch, int fd, int ep) {
+    ask(ch, 100);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    expect_pattern(fd, 10, 0, 10);  // partial read, no new data: no new event
+    EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "a second event without new data";
+    ask(ch, 50);  // new data: a new event
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN)) << "no event for new data";
+    EXPECT_EQ(epoll_events(ep, fd, 200), 0u);
+    expect_pattern(fd, 10, 10, 140);
+    EXPECT_EQ(epoll_events(ep, fd, 100), 0u);
+    ask(ch, 30);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    expect_pattern(fd, 10, 150, 30);
+  });
 }
 
 TEST(Epoll, OneShotUntilRearmed) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int ep = epoll_create1(EPOLL_CLOEXEC);
-        ASSERT_GE(ep, 0);
-        epoll_add(ep, fd, EPOLLIN | EPOLLONESHOT);
-        ask(ch, 100);
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
-        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "oneshot reported twice";
-        ask(ch, 100);
-        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "oneshot reported new data before MOD";
-        epoll_add(ep, fd, EPOLLIN | EPOLLONESHOT, EPOLL_CTL_MOD);
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN)) << "not rearmed by MOD";
-        EXPECT_EQ(epoll_events(ep, fd, 200), 0u);
-        expect_pattern(fd, 10, 0, 200);
-        close(ep);
-        ch.send(uint32_t(0));
-        close(fd);
-      },
-      sending_server, within(std::chrono::seconds(30)));
+  epoll_test(EPOLLIN | EPOLLONESHOT, [](Channel &ch, int fd, int ep) {
+    ask(ch, 100);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "oneshot reported twice";
+    ask(ch, 100);
+    EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "oneshot reported new data before MOD";
+    epoll_add(ep, fd, EPOLLIN | EPOLLONESHOT, EPOLL_CTL_MOD);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN)) << "not rearmed by MOD";
+    EXPECT_EQ(epoll_events(ep, fd, 200), 0u);
+    expect_pattern(fd, 10, 0, 200);
+  });
 }
 
 TEST(Epoll, RdhupAfterPeerShutdown) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int ep = epoll_create1(EPOLL_CLOEXEC);
-        ASSERT_GE(ep, 0);
-        epoll_add(ep, fd, EPOLLIN | EPOLLRDHUP);
-        ch.send(UINT32_MAX);  // shutdown(SHUT_WR) at the server
-        uint32_t seen = 0;
-        const auto t0 = Clock::now();
-        while (!(seen & EPOLLRDHUP) && ms_since(t0) < 3000) seen |= epoll_events(ep, fd, 200);
-        EXPECT_TRUE(seen & EPOLLIN) << "events 0x" << std::hex << seen;
-        EXPECT_TRUE(seen & EPOLLRDHUP)
-            << "no EPOLLRDHUP within 3 s of the peer's shutdown(SHUT_WR) (before reading); "
-               "events 0x"
-            << std::hex << seen;
-        char c;
-        EXPECT_EQ(recv(fd, &c, 1, MSG_DONTWAIT), 0);
-        EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLIN | EPOLLRDHUP)) << "after EOF";
-        close(ep);
-        ch.send(uint32_t(0));
-        close(fd);
-      },
-      sending_server, within(std::chrono::seconds(30)));
+  epoll_test(EPOLLIN | EPOLLRDHUP, [](Channel &ch, int fd, int ep) {
+    ch.send(UINT32_MAX);  // shutdown(SHUT_WR) at the server
+    expect_rdhup_before_reading(fd, EPOLLIN, EPOLLRDHUP, "EPOLLRDHUP",
+                                [&](int ms) { return epoll_events(ep, fd, ms); });
+    EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLIN | EPOLLRDHUP)) << "after EOF";
+  });
 }
 
 TEST(Epoll, SocketAndPipeInOneSet) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int pp[2];
-        ASSERT_EQ(pipe(pp), 0);
-        int ep = epoll_create1(EPOLL_CLOEXEC);
-        ASSERT_GE(ep, 0);
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = 2;  // the pipe first: the set is the kernel's until the socket joins
-        ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
-        ev.data.u64 = 1;
-        ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
-        auto wait_set = [&](int ms) {
-          epoll_event out[4];
-          int n = epoll_wait(ep, out, 4, ms);
-          if (n < 0) throw_errno("epoll_wait", errno);
-          uint64_t mask = 0;
-          for (int i = 0; i < n; ++i) {
-            EXPECT_EQ(out[i].events, uint32_t(EPOLLIN));
-            mask |= uint64_t(1) << out[i].data.u64;
-          }
-          return mask;  // bit 1: socket, bit 2: pipe
-        };
-        EXPECT_EQ(wait_set(100), 0u);
-        ASSERT_EQ(write(pp[1], "x", 1), 1);
-        EXPECT_EQ(wait_set(1000), 4u) << "pipe only";
-        char c;
-        ASSERT_EQ(read(pp[0], &c, 1), 1);
-        ask(ch, 20);
-        EXPECT_EQ(wait_set(kIoTimeoutMs), 2u) << "socket only";
-        ASSERT_EQ(write(pp[1], "y", 1), 1);
-        EXPECT_EQ(wait_set(1000), 6u) << "both ready: both in one epoll_wait";
-        expect_pattern(fd, 10, 0, 20);
-        ASSERT_EQ(read(pp[0], &c, 1), 1);
-        EXPECT_EQ(wait_set(100), 0u);
-        // Sleeping in epoll_wait, woken by either.
-        ask(ch, 20);
-        EXPECT_EQ(wait_set(kIoTimeoutMs), 2u);
-        expect_pattern(fd, 10, 20, 20);
-        std::thread w([&] {
-          std::this_thread::sleep_for(100ms);
-          ASSERT_EQ(write(pp[1], "z", 1), 1);
-        });
-        EXPECT_EQ(wait_set(kIoTimeoutMs), 4u);
-        w.join();
-        close(ep);
-        close(pp[0]);
-        close(pp[1]);
-        ch.send(uint32_t(0));
-        close(fd);
-      },
-      sending_server, within(std::chrono::seconds(30)));
+  with_sending_server([](Channel &ch, int fd) {
+    int pp[2];
+    ASSERT_EQ(pipe(pp), 0);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    ASSERT_GE(ep, 0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 2;  // the pipe first: the set is the kernel's until the socket joins
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
+    ev.data.u64 = 1;
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+    auto wait_set = [&](int ms) {
+      epoll_event out[4];
+      int n = epoll_wait(ep, out, 4, ms);
+      if (n < 0) throw_errno("epoll_wait", errno);
+      uint64_t mask = 0;
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(out[i].events, uint32_t(EPOLLIN));
+        mask |= uint64_t(1) << out[i].data.u64;
+      }
+      return mask;  // bit 1: socket, bit 2: pipe
+    };
+    EXPECT_EQ(wait_set(100), 0u);
+    ASSERT_EQ(write(pp[1], "x", 1), 1);
+    EXPECT_EQ(wait_set(1000), 4u) << "pipe only";
+    char c;
+    ASSERT_EQ(read(pp[0], &c, 1), 1);
+    ask(ch, 20);
+    EXPECT_EQ(wait_set(kIoTimeoutMs), 2u) << "socket only";
+    ASSERT_EQ(write(pp[1], "y", 1), 1);
+    EXPECT_EQ(wait_set(1000), 6u) << "both ready: both in one epoll_wait";
+    expect_pattern(fd, 10, 0, 20);
+    ASSERT_EQ(read(pp[0], &c, 1), 1);
+    EXPECT_EQ(wait_set(100), 0u);
+    // Sleeping in epoll_wait, woken by either.
+    ask(ch, 20);
+    EXPECT_EQ(wait_set(kIoTimeoutMs), 2u);
+    expect_pattern(fd, 10, 20, 20);
+    std::thread w([&] {
+      std::this_thread::sleep_for(100ms);
+      ASSERT_EQ(write(pp[1], "z", 1), 1);
+    });
+    EXPECT_EQ(wait_set(kIoTimeoutMs), 4u);
+    w.join();
+    close(ep);
+    close(pp[0]);
+    close(pp[1]);
+  });
 }
 
 TEST(Epoll, CtlDelStopsReports) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int ep = epoll_create1(EPOLL_CLOEXEC);
-        ASSERT_GE(ep, 0);
-        epoll_add(ep, fd, EPOLLIN);
-        ask(ch, 10);
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
-        ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), 0);
-        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "reported after EPOLL_CTL_DEL";
-        ask(ch, 10);
-        EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "new data reported after EPOLL_CTL_DEL";
-        errno = 0;
-        EXPECT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), -1);
-        EXPECT_EQ(errno, ENOENT);
-        epoll_add(ep, fd, EPOLLIN);  // added again: the pending data is reported
-        EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
-        expect_pattern(fd, 10, 0, 20);
-        close(ep);
-        ch.send(uint32_t(0));
-        close(fd);
-      },
-      sending_server, within(std::chrono::seconds(30)));
+  epoll_test(EPOLLIN, [](Channel &ch, int fd, int ep) {
+    ask(ch, 10);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), 0);
+    EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "reported after EPOLL_CTL_DEL";
+    ask(ch, 10);
+    EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "new data reported after EPOLL_CTL_DEL";
+    errno = 0;
+    EXPECT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), -1);
+    EXPECT_EQ(errno, ENOENT);
+    epoll_add(ep, fd, EPOLLIN);  // added again: the pending data is reported
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    expect_pattern(fd, 10, 0, 20);
+  });
 }
 
 // Edge-triggered EPOLLOUT, as event loops use it: writable at first; after a send hit
 // EAGAIN no event until the peer makes room, then one.
 TEST(Epoll, EdgeTriggeredWritableAfterEagain) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         set_nonblocking(fd, true);
         int ep = epoll_create1(EPOLL_CLOEXEC);
         ASSERT_GE(ep, 0);
         epoll_add(ep, fd, EPOLLIN | EPOLLOUT | EPOLLET);
         EXPECT_EQ(epoll_events(ep, fd, 1000), uint32_t(EPOLLOUT));
-        std::vector<char> chunk(65536);
         uint64_t sent = 0;
-        for (;;) {
-          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
-          pattern(31, sent, chunk.data(), chunk.size());
-          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
-          if (k < 0) break;
-          sent += uint64_t(k);
-        }
+        ASSERT_NO_FATAL_FAILURE(fill_until_eagain(fd, 31, sent));
         EXPECT_EQ(epoll_events(ep, fd, 200), 0u) << "an event while there is no room";
         ch.send(sent);  // the server drains
         EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs) & EPOLLOUT, uint32_t(EPOLLOUT))
             << "no EPOLLOUT after the peer made room";
         ch.wait();
         close(ep);
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        expect_pattern(fd, 31, 0, ch.recv<uint64_t>());
-        ch.signal();
-        expect_eof(fd);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      draining_server(31));
 }
 
 // ---- 5. shutdown and close -----------------------------------------------------------------
 
 TEST(Shutdown, HalfCloseThenPeerSendsBack) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &, int fd) {
         send_pattern(fd, 11, 0, 50000);
         ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
         errno = 0;
@@ -1212,50 +1268,33 @@ TEST(Shutdown, HalfCloseThenPeerSendsBack) {
         EXPECT_EQ(errno, EPIPE);
         expect_pattern(fd, 12, 0, 70000);  // the server still sends
         expect_eof(fd);
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &, int fd) {
         expect_pattern(fd, 11, 0, 50000);
         expect_eof(fd);
         expect_eof(fd);  // EOF stays
         send_pattern(fd, 12, 0, 70000);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 // shutdown(SHUT_RD) from another thread wakes a recv blocked on the socket, which returns
 // 0 (as on Linux TCP: how programs stop a reader thread).
 TEST(Shutdown, ShutRdWakesBlockedRecv) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        std::atomic<ssize_t> k{-2};
-        std::thread reader([&] {
-          char c;
-          k = recv(fd, &c, 1, 0);
-        });
+  connected(
+      [](Channel &ch, int fd) {
+        BlockedRecv reader(fd, 1);
         std::this_thread::sleep_for(200ms);
         ASSERT_EQ(shutdown(fd, SHUT_RD), 0) << strerror(errno);
-        const auto t0 = Clock::now();
-        while (k == -2 && ms_since(t0) < 2000) std::this_thread::sleep_for(10ms);
-        if (k == -2) {
+        if (!reader.returns_within(2000ms)) {
           ADD_FAILURE() << "recv blocked in another thread did not return within 2 s of "
                            "shutdown(SHUT_RD); unblocked by the test (the peer sends)";
           ch.send(uint32_t(1));
         }
         reader.join();
-        EXPECT_EQ(k, 0);
+        EXPECT_EQ(reader.result(), 0);
         ch.send(uint32_t(0));
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        while (ch.recv<uint32_t>() == 1) send_all(fd, "x", 1);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      byte_on_request_server);
 }
 
 // The client closes with data unread while the server is blocked sending more than fits:
@@ -1270,9 +1309,7 @@ void close_with_unread(int server_thresh) {
         std::this_thread::sleep_for(200ms);
         char buf[1000];
         recv_exact(fd, buf, sizeof buf);
-        auto t0 = Clock::now();
-        ASSERT_EQ(close(fd), 0);
-        EXPECT_LT(ms_since(t0), 2000) << "close with unread data took long";
+        ASSERT_NO_FATAL_FAILURE(close_promptly(fd, 2000, "close with unread data took long"));
         ch.signal();
         ch.wait();
       },
@@ -1315,23 +1352,18 @@ TEST(Close, ReturnsPromptlyOnBothEnds) {
   two_process(
       [](Channel &ch) {
         int fd = client_conn(ch);
-        send_pattern(fd, 32, 0, 100000);
-        expect_pattern(fd, 33, 0, 100000);
-        const auto t0 = Clock::now();
-        ASSERT_EQ(close(fd), 0);
-        EXPECT_LT(ms_since(t0), 100) << "the first close() took long";
+        client_round(fd, 32, 33, 0, 100000);
+        ASSERT_NO_FATAL_FAILURE(close_promptly(fd, 100, "the first close() took long"));
         ch.signal();
         ch.wait();
       },
       [](Channel &ch) {
         int fd = server_conn(ch);
-        expect_pattern(fd, 32, 0, 100000);
-        send_pattern(fd, 33, 0, 100000);
+        server_round(fd, 32, 33, 0, 100000);
         ch.wait();
         expect_eof(fd);
-        const auto t0 = Clock::now();
-        ASSERT_EQ(close(fd), 0);
-        EXPECT_LT(ms_since(t0), 100) << "close() after the peer's close took long";
+        ASSERT_NO_FATAL_FAILURE(
+            close_promptly(fd, 100, "close() after the peer's close took long"));
         ch.signal();
       },
       within(std::chrono::seconds(30)));
@@ -1345,21 +1377,10 @@ TEST(Close, AfterFillingThePeerPeerReadsAllThenEof) {
       [](Channel &ch) {
         int fd = client_conn(ch);
         set_nonblocking(fd, true);
-        std::vector<char> chunk(65536);
         uint64_t sent = 0;
-        for (;;) {
-          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
-          pattern(26, sent, chunk.data(), chunk.size());
-          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
-          if (k < 0) {
-            ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << strerror(errno);
-            break;
-          }
-          sent += uint64_t(k);
-        }
-        const auto t0 = Clock::now();
-        ASSERT_EQ(close(fd), 0);
-        EXPECT_LT(ms_since(t0), 300) << "close() blocked while the peer's ring was full";
+        ASSERT_NO_FATAL_FAILURE(fill_until_eagain(fd, 26, sent));
+        ASSERT_NO_FATAL_FAILURE(
+            close_promptly(fd, 300, "close() blocked while the peer's ring was full"));
         ch.send(sent);
         ch.wait();
       },
@@ -1413,25 +1434,17 @@ TEST(Close, WhileAnotherThreadIsBlockedInRecv) {
   two_process(
       [](Channel &ch) {
         int fd = client_conn(ch);
-        std::atomic<ssize_t> k{-2};
-        std::atomic<int> err{0};
-        std::thread reader([&] {
-          char c;
-          ssize_t r = recv(fd, &c, 1, 0);
-          err = errno;
-          k = r;
-        });
+        BlockedRecv reader(fd, 1);
         std::this_thread::sleep_for(200ms);
         ASSERT_EQ(close(fd), 0);
         std::this_thread::sleep_for(500ms);  // the reader keeps waiting meanwhile
         ch.signal();                         // the server closes its end
-        const auto t0 = Clock::now();
-        while (k == -2 && ms_since(t0) < 3000) std::this_thread::sleep_for(10ms);
-        if (k == -2) {
-          ADD_FAILURE() << "recv did not return within 3 s of the peer's close";
-          reader.detach();
+        if (!reader.returns_within(3000ms)) {
+          ADD_FAILURE() << "recv did not return within 3 s of the peer's close";  // left behind
         } else {
           reader.join();
+          const ssize_t k = reader.result();
+          const int err = reader.error();
           EXPECT_TRUE(k >= 0 || err == ECONNRESET || err == EBADF) << k << " " << strerror(err);
         }
         ch.wait();
@@ -1448,9 +1461,8 @@ TEST(Close, WhileAnotherThreadIsBlockedInRecv) {
 // ---- 6. MSG_PEEK, MSG_WAITALL, vectors, FIONREAD, sendfile ---------------------------------
 
 TEST(Io, PeekThenReadSameBytes) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         ch.signal();
         ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
         // Wait for all 3 sends (FIONREAD), so that the peeks see a fixed stream.
@@ -1471,25 +1483,18 @@ TEST(Io, PeekThenReadSameBytes) {
         EXPECT_EQ(memcmp(a, b, 2300), 0);
         EXPECT_EQ(mismatch(14, 700, b, 2300), "");
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        ch.wait();
+      act_on_signal([](int fd) {
         for (int i = 0; i < 3; ++i) send_pattern(fd, 14, uint64_t(i) * 1000, 1000);
-        ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      }));
 }
 
 // MSG_PEEK when the next bytes were sent zero copy (the sender is blocked in send() until
 // they are read): the peek returns them, as it would any other bytes.
 TEST(Io, PeekAtZeroCopyData) {
   static constexpr size_t kLen = 65536;
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         ch.signal();
         ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
         char a[100];
@@ -1507,13 +1512,11 @@ TEST(Io, PeekAtZeroCopyData) {
         }
         expect_pattern(fd, 15, 0, kLen);
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
+      [](Channel &ch, int fd) {
         struct sigaction sa {};
         sa.sa_handler = [](int) {};  // no SA_RESTART: the blocked send returns EINTR
         sigaction(SIGUSR1, &sa, nullptr);
-        int fd = server_conn(ch);
         set_zcopy_thresh(fd, 4096);
         std::vector<char> v = pattern(15, 0, kLen);
         ch.wait();
@@ -1528,15 +1531,12 @@ TEST(Io, PeekAtZeroCopyData) {
           off += size_t(k);
         }
         ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 TEST(Io, WaitAllGathersSeveralSends) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         ch.signal();
         std::vector<char> v(10000);
         auto t0 = Clock::now();
@@ -1544,25 +1544,18 @@ TEST(Io, WaitAllGathersSeveralSends) {
         EXPECT_GE(ms_since(t0), 150) << "returned before the last send";
         EXPECT_EQ(mismatch(16, 0, v.data(), v.size()), "");
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        ch.wait();
+      act_on_signal([](int fd) {
         for (int i = 0; i < 10; ++i) {
           send_pattern(fd, 16, uint64_t(i) * 1000, 1000);
           std::this_thread::sleep_for(20ms);
         }
-        ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      }));
 }
 
 TEST(Io, ReadvWritev) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &, int fd) {
         std::vector<char> data = pattern(17, 0, 100000);
         iovec out[4] = {{data.data(), 1},
                         {data.data() + 1, 0},
@@ -1570,50 +1563,35 @@ TEST(Io, ReadvWritev) {
                         {data.data() + 70001, 29999}};
         ASSERT_EQ(writev(fd, out, 4), 100000);
         // Back from the server, read into vectors of other sizes.
-        std::vector<char> in(100000, 0);
-        size_t got = 0;
-        while (got < in.size()) {
-          ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
-          size_t a = std::min<size_t>(333, in.size() - got);
-          size_t b = std::min<size_t>(5000, in.size() - got - a);
-          iovec iv[3] = {{in.data() + got, a}, {in.data() + got + a, 0}, {in.data() + got + a, b}};
-          ssize_t k = readv(fd, iv, 3);
-          ASSERT_GT(k, 0) << strerror(errno);
-          got += size_t(k);
-        }
-        EXPECT_EQ(mismatch(18, 0, in.data(), in.size()), "");
-        close(fd);
+        expect_pattern_by(fd, 18, 100000, [fd](char *at, size_t left) {
+          size_t a = std::min<size_t>(333, left);
+          size_t b = std::min<size_t>(5000, left - a);
+          iovec iv[3] = {{at, a}, {at + a, 0}, {at + a, b}};
+          return readv(fd, iv, 3);
+        });
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &, int fd) {
         expect_pattern(fd, 17, 0, 100000);
         std::vector<char> data = pattern(18, 0, 100000);
         iovec out[3] = {
             {data.data(), 40000}, {data.data() + 40000, 17}, {data.data() + 40017, 59983}};
         ASSERT_EQ(writev(fd, out, 3), 100000);
         expect_eof(fd);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 TEST(Io, SendmsgRecvmsg) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &, int fd) {
         std::vector<char> data = pattern(19, 0, 30000);
         iovec out[3] = {{data.data(), 10}, {data.data() + 10, 20000}, {data.data() + 20010, 9990}};
         msghdr m{};
         m.msg_iov = out;
         m.msg_iovlen = 3;
         ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), 30000);
-        std::vector<char> in(30000);
-        size_t got = 0;
-        while (got < in.size()) {
-          ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs));
-          iovec iv[2] = {{in.data() + got, std::min<size_t>(777, in.size() - got)},
-                         {in.data() + got + std::min<size_t>(777, in.size() - got),
-                          in.size() - got - std::min<size_t>(777, in.size() - got)}};
+        expect_pattern_by(fd, 20, 30000, [fd](char *at, size_t left) {
+          const size_t a = std::min<size_t>(777, left);
+          iovec iv[2] = {{at, a}, {at + a, left - a}};
           sockaddr_in from{};
           char ctl[64];
           msghdr r{};
@@ -1624,16 +1602,14 @@ TEST(Io, SendmsgRecvmsg) {
           r.msg_control = ctl;
           r.msg_controllen = sizeof ctl;
           ssize_t k = recvmsg(fd, &r, 0);
-          ASSERT_GT(k, 0) << strerror(errno);
-          EXPECT_EQ(r.msg_flags & (MSG_TRUNC | MSG_CTRUNC), 0);
-          EXPECT_EQ(r.msg_controllen, 0u);
-          got += size_t(k);
-        }
-        EXPECT_EQ(mismatch(20, 0, in.data(), in.size()), "");
-        close(fd);
+          if (k > 0) {
+            EXPECT_EQ(r.msg_flags & (MSG_TRUNC | MSG_CTRUNC), 0);
+            EXPECT_EQ(r.msg_controllen, 0u);
+          }
+          return k;
+        });
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &, int fd) {
         expect_pattern(fd, 19, 0, 30000);
         std::vector<char> data = pattern(20, 0, 30000);
         iovec out[2] = {{data.data(), 15000}, {data.data() + 15000, 15000}};
@@ -1642,32 +1618,25 @@ TEST(Io, SendmsgRecvmsg) {
         m.msg_iovlen = 2;
         ASSERT_EQ(sendmsg(fd, &m, MSG_NOSIGNAL), 30000);
         expect_eof(fd);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 TEST(Io, Fionread) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int n = -1;
-        ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
-        EXPECT_EQ(n, 0);
-        ask(ch, 1234);
-        const auto t0 = Clock::now();
-        while (n != 1234 && ms_since(t0) < 5000) ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
-        EXPECT_EQ(n, 1234);
-        expect_pattern(fd, 10, 0, 1000);
-        ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
-        EXPECT_EQ(n, 234);
-        expect_pattern(fd, 10, 1000, 234);
-        ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
-        EXPECT_EQ(n, 0);
-        ch.send(uint32_t(0));
-        close(fd);
-      },
-      sending_server, within(std::chrono::seconds(30)));
+  with_sending_server([](Channel &ch, int fd) {
+    int n = -1;
+    ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+    EXPECT_EQ(n, 0);
+    ask(ch, 1234);
+    const auto t0 = Clock::now();
+    while (n != 1234 && ms_since(t0) < 5000) ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+    EXPECT_EQ(n, 1234);
+    expect_pattern(fd, 10, 0, 1000);
+    ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+    EXPECT_EQ(n, 234);
+    expect_pattern(fd, 10, 1000, 234);
+    ASSERT_EQ(ioctl(fd, FIONREAD, &n), 0);
+    EXPECT_EQ(n, 0);
+  });
 }
 
 // FIONREAD as the first call on an accepted connection, while the client is negotiating
@@ -1697,9 +1666,8 @@ TEST(Io, FionreadBeforeFirstUse) {
 
 TEST(Io, Sendfile) {
   static constexpr size_t kLen = 300000;
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         char path[] = "/tmp/sdp_test_sendfile_XXXXXX";
         int f = mkstemp(path);
         ASSERT_GE(f, 0);
@@ -1721,16 +1689,12 @@ TEST(Io, Sendfile) {
         EXPECT_EQ(lseek(f, 0, SEEK_CUR), 5000);
         close(f);
         ch.wait();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int fd) {
         expect_pattern(fd, 22, 1000, kLen - 1000);
         expect_pattern(fd, 22, 0, 5000);
         ch.signal();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 // ---- 7. dup, dup2, F_DUPFD ------------------------------------------------------------------
@@ -1748,18 +1712,15 @@ void dup_test(const std::function<int(int)> &duplicate) {
         send_pattern(d, 23, 0, 5000);
         expect_pattern(fd, 24, 0, 5000);
         ASSERT_EQ(close(fd), 0);
-        send_pattern(d, 23, 5000, 70000);
-        expect_pattern(d, 24, 5000, 70000);
+        client_round(d, 23, 24, 5000, 70000);
         EXPECT_EQ(stats_of(d).path, uint32_t(PCIENTB_SDP_PATH_SDP));
         ASSERT_EQ(close(d), 0);
         ch.wait();
       },
       [](Channel &ch) {
         int fd = server_conn(ch);
-        expect_pattern(fd, 23, 0, 5000);
-        send_pattern(fd, 24, 0, 5000);
-        expect_pattern(fd, 23, 5000, 70000);
-        send_pattern(fd, 24, 5000, 70000);
+        server_round(fd, 23, 24, 0, 5000);
+        server_round(fd, 23, 24, 5000, 70000);
         expect_eof(fd);
         ch.signal();
         close(fd);
@@ -1793,9 +1754,8 @@ TEST(Dup, FcntlDupfd) {
 // The server is SIGKILLed: recv reports it (ECONNRESET, or EOF), and sends fail with
 // EPIPE/ECONNRESET, within 2 s.
 TEST(PeerDeath, RecvAndSendFailWithin2s) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         expect_pattern(fd, 25, 0, 1000);  // what it sent before it died is read first
         ch.wait();
         ch.kill_peer();
@@ -1806,23 +1766,14 @@ TEST(PeerDeath, RecvAndSendFailWithin2s) {
         EXPECT_TRUE(k == 0 || (k < 0 && errno == ECONNRESET))
             << "recv " << k << " " << strerror(errno);
         EXPECT_LT(ms_since(t0), 2000) << "recv took long to see the peer's death";
-        std::vector<char> chunk(65536);
-        ssize_t s = 0;
-        while (s >= 0 && ms_since(t0) < 4000)
-          s = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
-        EXPECT_EQ(s, -1);
-        EXPECT_TRUE(errno == EPIPE || errno == ECONNRESET) << strerror(errno);
+        expect_send_fails(fd, MSG_NOSIGNAL, t0);
         EXPECT_LT(ms_since(t0), 2000) << "send took long to fail";
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int fd) {
         send_pattern(fd, 25, 0, 1000);
         ch.signal();
         ch.wait(60s);  // killed here
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 volatile sig_atomic_t g_sigpipes = 0;
@@ -1830,29 +1781,25 @@ volatile sig_atomic_t g_sigpipes = 0;
 // Sends to a killed peer until a send fails, then once more (as TCP: EPIPE then); returns
 // the SIGPIPEs seen.
 void send_to_dead_peer(int flags, bool expect_signal) {
-  two_process(
-      [=](Channel &ch) {
-        struct sigaction sa {
-        }, old{};
+  struct sigaction old {};
+  sigaction(SIGPIPE, nullptr, &old);
+  connected(
+      [=](Channel &ch, int fd) {
+        struct sigaction sa {};
         sa.sa_handler = [](int) { g_sigpipes = g_sigpipes + 1; };
-        sigaction(SIGPIPE, &sa, &old);
+        sigaction(SIGPIPE, &sa, nullptr);
         g_sigpipes = 0;
-        int fd = client_conn(ch);
         ch.wait();
         ch.kill_peer();
         const auto t0 = Clock::now();
-        std::vector<char> chunk(65536);
-        ssize_t s = 0;
-        while (s >= 0 && ms_since(t0) < 4000) s = send(fd, chunk.data(), chunk.size(), flags);
-        EXPECT_EQ(s, -1);
-        int err = errno;
-        EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << strerror(err);
+        int err = expect_send_fails(fd, flags, t0);
         EXPECT_LT(ms_since(t0), 2000);
         // As TCP: an error reported (ECONNRESET), later sends fail with EPIPE, which raises
         // SIGPIPE unless MSG_NOSIGNAL.
+        char buf[100] = {};
         for (int i = 0; i < 3; ++i) {
           errno = 0;
-          EXPECT_EQ(send(fd, chunk.data(), 100, flags), -1);
+          EXPECT_EQ(send(fd, buf, sizeof buf, flags), -1);
           err = errno;
         }
         if (expect_signal) {
@@ -1862,16 +1809,12 @@ void send_to_dead_peer(int flags, bool expect_signal) {
           EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << strerror(err);
           EXPECT_EQ(g_sigpipes, 0) << "SIGPIPE despite MSG_NOSIGNAL";
         }
-        close(fd);
-        sigaction(SIGPIPE, &old, nullptr);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int) {
         ch.signal();
-        ch.wait(60s);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+        ch.wait(60s);  // killed here
+      });
+  sigaction(SIGPIPE, &old, nullptr);  // only now: connected() closes the socket after the body
 }
 
 TEST(PeerDeath, NoSigpipeWithMsgNosignal) {
@@ -1955,11 +1898,9 @@ TEST(Fork, ServerForksPerConnection) {
 // program (system()): the parent's connection goes on, both ways.
 TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
   static constexpr size_t kLen = 1u << 20;
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        send_pattern(fd, 70, 0, 1000);
-        expect_pattern(fd, 71, 0, 1000);
+  connected(
+      [](Channel &, int fd) {
+        client_round(fd, 70, 71, 0, 1000);
         fflush(nullptr);
         pid_t a = fork();
         ASSERT_GE(a, 0);
@@ -1974,21 +1915,14 @@ TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
         ASSERT_EQ(waitpid(a, &status, 0), a);
         ASSERT_EQ(waitpid(b, &status, 0), b);
         EXPECT_EQ(system("true"), 0);
-        send_pattern(fd, 70, 1000, kLen);
-        expect_pattern(fd, 71, 1000, kLen);
+        client_round(fd, 70, 71, 1000, kLen);
         EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        expect_pattern(fd, 70, 0, 1000);
-        send_pattern(fd, 71, 0, 1000);
-        expect_pattern(fd, 70, 1000, kLen);
-        send_pattern(fd, 71, 1000, kLen);
+      [](Channel &, int fd) {
+        server_round(fd, 70, 71, 0, 1000);
+        server_round(fd, 70, 71, 1000, kLen);
         expect_eof(fd);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 // ---- signals ---------------------------------------------------------------------------------
@@ -1996,42 +1930,32 @@ TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
 // A signal arrives while a thread is blocked in recv(): with SA_RESTART the call goes on
 // (and returns the data that comes later), without it recv fails with EINTR, as on TCP.
 void signal_during_recv(bool restart) {
-  two_process(
-      [restart](Channel &ch) {
-        struct sigaction sa {
-        }, old{};
-        sa.sa_handler = [](int) {};
-        sa.sa_flags = restart ? SA_RESTART : 0;
-        sigaction(SIGUSR1, &sa, &old);
-        int fd = client_conn(ch);
-        std::atomic<ssize_t> k{-2};
-        std::atomic<int> err{0};
-        char buf[10];
-        std::thread reader([&] {
-          ssize_t r = recv(fd, buf, sizeof buf, 0);
-          err = errno;
-          k = r;
-        });
-        std::this_thread::sleep_for(300ms);  // asleep in recv by now
-        pthread_kill(reader.native_handle(), SIGUSR1);
-        std::this_thread::sleep_for(300ms);
-        if (restart) {
-          EXPECT_EQ(k, -2) << "recv returned on a SA_RESTART signal: " << k << " " << strerror(err);
-        }
-        ch.send(uint32_t(10));  // the server sends 10 bytes (and ends a recv still waiting)
-        ch.wait();
-        reader.join();
-        if (restart) {
-          EXPECT_EQ(k, 10) << strerror(err);
-        } else {
-          EXPECT_EQ(k, -1);
-          EXPECT_EQ(err, EINTR) << strerror(err);
-        }
-        ch.send(uint32_t(0));
-        close(fd);
-        sigaction(SIGUSR1, &old, nullptr);
-      },
-      sending_server, within(std::chrono::seconds(30)));
+  with_sending_server([restart](Channel &ch, int fd) {
+    struct sigaction sa {
+    }, old{};
+    sa.sa_handler = [](int) {};
+    sa.sa_flags = restart ? SA_RESTART : 0;
+    sigaction(SIGUSR1, &sa, &old);
+    BlockedRecv reader(fd, 10);
+    std::this_thread::sleep_for(300ms);  // asleep in recv by now
+    pthread_kill(reader.thread().native_handle(), SIGUSR1);
+    std::this_thread::sleep_for(300ms);
+    if (restart) {
+      EXPECT_EQ(reader.result(), BlockedRecv::kPending)
+          << "recv returned on a SA_RESTART signal: " << reader.result() << " "
+          << strerror(reader.error());
+    }
+    ch.send(uint32_t(10));  // the server sends 10 bytes (and ends a recv still waiting)
+    ch.wait();
+    reader.join();
+    if (restart) {
+      EXPECT_EQ(reader.result(), 10) << strerror(reader.error());
+    } else {
+      EXPECT_EQ(reader.result(), -1);
+      EXPECT_EQ(reader.error(), EINTR) << strerror(reader.error());
+    }
+    sigaction(SIGUSR1, &old, nullptr);
+  });
 }
 
 // Known gap (NOTES.md): the layer sleeps in poll(), which no signal restarts, and it cannot
@@ -2053,51 +1977,28 @@ TEST(Fallback, RuleKeepsTcp) {
     GTEST_SKIP() << "needs PCIENTB_SDP_RULES='use tcp both * *:1-65535' (set by CTest)";
   two_process(
       [](Channel &ch) {
-        int fd = client_conn(ch, false);
-        send_pattern(fd, 50, 0, 100000);
-        expect_pattern(fd, 51, 0, 100000);
-        require_path(fd, PCIENTB_SDP_PATH_TCP, "client");
-        close(fd);
+        first_round_client(client_conn(ch, false), 50, 51, 100000, PCIENTB_SDP_PATH_TCP);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch, false);
-        expect_pattern(fd, 50, 0, 100000);
-        send_pattern(fd, 51, 0, 100000);
-        require_path(fd, PCIENTB_SDP_PATH_TCP, "server");
-        expect_eof(fd);
-        close(fd);
-      },
+      [](Channel &ch) { first_round_server(ch, 50, 51, 100000, PCIENTB_SDP_PATH_TCP); },
       within(std::chrono::seconds(30)));
 }
 
 // ---- 11. socket options and names -----------------------------------------------------------
 
 TEST(Options, SoErrorZeroOnHealthyConnection) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
-        int err = -1;
-        socklen_t len = sizeof err;
-        ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
-        EXPECT_EQ(err, 0);
-        EXPECT_EQ(len, socklen_t(sizeof err));
+  connected(
+      [](Channel &ch, int fd) {
+        EXPECT_EQ(so_error(fd), 0);
         int type = 0;
-        len = sizeof type;
+        socklen_t len = sizeof type;
         ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len), 0);
         EXPECT_EQ(type, SOCK_STREAM);
         ch.signal();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        int err = -1;
-        socklen_t len = sizeof err;
-        ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
-        EXPECT_EQ(err, 0);
+      [](Channel &ch, int fd) {
+        EXPECT_EQ(so_error(fd), 0);
         ch.wait();
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 struct Names {
@@ -2152,41 +2053,29 @@ TEST(Options, SockNameAndPeerNameMatchTcp) {
 }
 
 TEST(Options, TcpNodelayAccepted) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &, int fd) {
         int one = 1, v = 0;
         socklen_t len = sizeof v;
         ASSERT_EQ(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0) << strerror(errno);
         ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &len), 0);
         EXPECT_NE(v, 0);
-        for (int i = 0; i < 100; ++i) {  // small request/response still works
-          send_pattern(fd, 60, uint64_t(i), 1);
-          expect_pattern(fd, 61, uint64_t(i), 1);
-        }
+        for (int i = 0; i < 100; ++i) client_round(fd, 60, 61, uint64_t(i), 1);  // still works
         EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &, int fd) {
         int one = 1;
         ASSERT_EQ(setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0);
-        for (int i = 0; i < 100; ++i) {
-          expect_pattern(fd, 60, uint64_t(i), 1);
-          send_pattern(fd, 61, uint64_t(i), 1);
-        }
+        for (int i = 0; i < 100; ++i) server_round(fd, 60, 61, uint64_t(i), 1);
         expect_eof(fd);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 // SDP_ZCOPY_THRESH: get/set roundtrip, bad values refused, and the value takes effect.
 TEST(Options, ZcopyThreshRoundtrip) {
   static constexpr size_t kLen = 1u << 21;
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         int v = -1;
         socklen_t len = sizeof v;
         ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &v, &len), 0) << strerror(errno);
@@ -2227,27 +2116,22 @@ TEST(Options, ZcopyThreshRoundtrip) {
         ch.wait();
         st = stats_of(fd);
         EXPECT_EQ(st.zcopy_tx, kLen) << "a blocking send above the threshold went BCopy";
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
+      [](Channel &ch, int fd) {
         expect_pattern(fd, 62, 0, kLen);
         ch.signal();
         expect_pattern(fd, 62, kLen, kLen);
         ch.signal();
         EXPECT_EQ(stats_of(fd).zcopy_rx, kLen);
         expect_eof(fd);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      });
 }
 
 // SO_RCVTIMEO: a blocking recv on an empty connection returns EAGAIN after the timeout,
 // as on TCP (programs use it for their timeouts).
 TEST(Options, RcvTimeoHonoured) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         timeval tv{0, 200000};
         ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
         char buf[16];
@@ -2263,33 +2147,20 @@ TEST(Options, RcvTimeoHonoured) {
           EXPECT_GE(ms_since(t0), 150);
         }
         ch.send(uint32_t(0));
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        while (ch.recv<uint32_t>() == 1) send_all(fd, "x", 1);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      byte_on_request_server);
 }
 
 // SO_SNDTIMEO: a blocking send that finds no room returns after the timeout (a short
 // count, or EAGAIN), as on TCP.
 TEST(Options, SndTimeoHonoured) {
-  two_process(
-      [](Channel &ch) {
-        int fd = client_conn(ch);
+  connected(
+      [](Channel &ch, int fd) {
         set_nonblocking(fd, true);
-        std::vector<char> chunk(65536);
         uint64_t sent = 0;
-        for (;;) {
-          ASSERT_LT(sent, 64u << 20) << "no EAGAIN";
-          pattern(27, sent, chunk.data(), chunk.size());
-          ssize_t k = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
-          if (k < 0) break;
-          sent += uint64_t(k);
-        }
+        ASSERT_NO_FATAL_FAILURE(fill_until_eagain(fd, 27, sent));
         set_nonblocking(fd, false);
+        std::vector<char> chunk(65536);
         timeval tv{0, 200000};
         ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
         pattern(27, sent, chunk.data(), chunk.size());
@@ -2310,17 +2181,8 @@ TEST(Options, SndTimeoHonoured) {
           ch.send(uint64_t(k > 0 ? sent + uint64_t(k) : sent));
         }
         ch.wait();
-        close(fd);
       },
-      [](Channel &ch) {
-        int fd = server_conn(ch);
-        const uint64_t n = ch.recv<uint64_t>();
-        expect_pattern(fd, 27, 0, n);
-        ch.signal();
-        expect_eof(fd);
-        close(fd);
-      },
-      within(std::chrono::seconds(30)));
+      draining_server(27));
 }
 
 }  // namespace
