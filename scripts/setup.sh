@@ -20,7 +20,7 @@ PACKAGES=(
   perftest qperf python3-pyverbs python3-matplotlib
   ucx-utils openmpi-bin mpich netpipe-openmpi netpipe-mpich2 hpcc python3-mpi4py
   librdmacm-dev rdmacm-utils libfabric-bin
-  iperf3 sockperf curl netcat-openbsd
+  iperf3 sockperf curl netcat-openbsd redis-server redis-tools
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy
 )

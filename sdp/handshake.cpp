@@ -155,6 +155,7 @@ void stay_tcp(Sock &s, const char *reason) {
 }
 
 void become_sdp(Sock &s) {
+  note_sdp_connection();
   s.state = State::kSdp;
   s.stats.path = PCIENTB_SDP_PATH_SDP;
   s.reason = "negotiated";

@@ -212,6 +212,33 @@ void note_epoll_fd(int epfd, bool on) {
 Sock::~Sock() {}
 
 namespace {
+
+// A program that exits without closing its connections: as the kernel sends TCP's FIN for
+// it, the layer sends each SDP connection's FIN (the peer reads EOF, not a reset), and writes
+// their stats lines. Registered at the first SDP connection, after the provider set up its
+// own exit work, so that it runs before it.
+void close_all_at_exit() {
+  std::vector<std::shared_ptr<Sock>> all;
+  {
+    std::lock_guard<std::mutex> lk(tab_mu);
+    for (auto &kv : *tab) all.push_back(kv.second);
+  }
+  for (auto &s : all)
+    if (s->state == State::kSdp && !s->inherited) stream_close(*s);
+}
+
+pid_t exit_handler_pid = 0;
+
+}  // namespace
+
+void note_sdp_connection() {
+  std::lock_guard<std::mutex> lk(tab_mu);
+  if (exit_handler_pid == getpid()) return;
+  exit_handler_pid = getpid();
+  atexit(close_all_at_exit);
+}
+
+namespace {
 struct Init {
   Init() {
     (void)real();

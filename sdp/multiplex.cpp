@@ -141,6 +141,8 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
       if (k[j].revents) stream_take_kick(*socks[kidx[j]]);
     for (size_t j = kernel_n; j < chan_end; ++j)
       if (k[j].revents) stream_drain_channel(*socks[kidx[j]]);
+    for (size_t j = chan_end; j < sock_end; ++j)
+      if (k[j].revents) stream_check_peer(*socks[kidx[j]]);
   }
 }
 
@@ -320,7 +322,7 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max) {
 }
 
 // Takes in what the kernel reported: the program's own events, and wakeups of SDP sockets.
-int take_kernel(EpSet &set, epoll_event *k, int kn, epoll_event *out, int n, int max) {
+int take_kernel(int epfd, EpSet &set, epoll_event *k, int kn, epoll_event *out, int n, int max) {
   for (int i = 0; i < kn; ++i) {
     if ((k[i].data.u64 & kTagMask) != kTag) {
       if (n < max) out[n++] = k[i];
@@ -334,6 +336,11 @@ int take_kernel(EpSet &set, epoll_event *k, int kn, epoll_event *out, int n, int
       if (it != set.regs.end()) s = it->second.s;
     }
     const uint64_t kind = k[i].data.u64 & 3;
+    if (s && kind == 0 && s->state == State::kSdp) {
+      stream_check_peer(*s);
+      // Its end stays readable for good: the stream reports it from now on (level).
+      if (s->peer_gone) real().epoll_ctl(epfd, EPOLL_CTL_DEL, s->fd, nullptr);
+    }
     if (s && kind == 1) stream_drain_channel(*s);
     if (s && kind == 2) stream_take_kick(*s);
   }
@@ -351,12 +358,16 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
   const int64_t start = now_ns();
   const int64_t deadline = timeout_ms < 0 ? -1 : start + int64_t(timeout_ms) * 1000000;
   const int64_t spin_end = start + int64_t(config().spin_us) * 1000;
-  std::vector<epoll_event> k(size_t(max) + 8);
+  // Programs pass their whole set size as max (redis: 10128): the buffer is kept per thread,
+  // not allocated and zeroed per call.
+  static thread_local std::vector<epoll_event> k;
+  const size_t kmax = std::min<size_t>(size_t(max), 4096) + 8;
+  if (k.size() < kmax) k.resize(kmax);
   for (;;) {
     int n = scan(epfd, *set, out, max);
     if (n < max) {
-      int kn = real().epoll_wait(epfd, k.data(), int(k.size()), 0);
-      if (kn > 0) n = take_kernel(*set, k.data(), kn, out, n, max);
+      int kn = real().epoll_wait(epfd, k.data(), int(kmax), 0);
+      if (kn > 0) n = take_kernel(epfd, *set, k.data(), kn, out, n, max);
     }
     if (n) return n;
     const int64_t now = now_ns();
@@ -375,14 +386,14 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     n = scan(epfd, *set, out, max);
     if (n) return n;
     for (auto &s : armed) ++s->sleepers;
-    int kn = real().epoll_pwait(epfd, k.data(), int(k.size()), remaining_ms(deadline), mask);
+    int kn = real().epoll_pwait(epfd, k.data(), int(kmax), remaining_ms(deadline), mask);
     int err = errno;
     for (auto &s : armed) --s->sleepers;
     if (kn < 0) {
       errno = err;
       return -1;
     }
-    n = take_kernel(*set, k.data(), kn, out, 0, max);
+    n = take_kernel(epfd, *set, k.data(), kn, out, 0, max);
     if (n) return n;
   }
 }

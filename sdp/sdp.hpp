@@ -113,6 +113,8 @@ short stream_poll(Sock &s);
 bool stream_arm(Sock &s);
 // Consumes a completion-channel wakeup (non-blocking).
 void stream_drain_channel(Sock &s);
+// The kernel reported the socket's own descriptor readable: has the peer closed it?
+void stream_check_peer(Sock &s);
 // Consumes a kick (another thread took this socket's wakeup).
 void stream_take_kick(Sock &s);
 int stream_shutdown(Sock &s, int how);
@@ -226,6 +228,8 @@ inline bool negotiating(const Sock &s) {
 std::shared_ptr<Sock> find_sock(int fd);
 void forget_sock(int fd);  // the socket stays on the kernel's TCP: the layer lets go of it
 void write_stats(Sock &s);
+// A connection went SDP: make sure the process's exit closes such connections as TCP's would.
+void note_sdp_connection();
 
 // The real libc functions (interpose.cpp).
 struct Real {

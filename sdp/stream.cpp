@@ -789,13 +789,8 @@ short stream_poll(Sock &s) {
   if (s.peer_fin || s.fin_arrived) r |= POLLRDHUP;
   if (s.fin_sent || (tx_ready(s, std::min<uint64_t>(s.link.remote.ring_bytes / 4, 65536))))
     r |= POLLOUT;
-  if (!r && !s.peer_gone) {
-    lk.unlock();
-    pollfd p{s.fd, POLLIN | POLLRDHUP, 0};
-    int k = real().poll(&p, 1, 0);
-    lk.lock();
-    if (k > 0) check_peer(s);
-  }
+  // The peer's end of the kernel socket is looked at when the kernel reports it readable
+  // (stream_check_peer from the multiplexers), not here: no system call per idle socket.
   if (s.peer_gone) set_error(s, s.peer_fin || s.fin_arrived ? EPIPE : ECONNRESET);
   // A peer that closed after its FIN leaves a readable end and writes that fail (EPIPE), as
   // TCP does; a reset is an error.
@@ -805,6 +800,11 @@ short stream_poll(Sock &s) {
     r |= POLLERR | POLLHUP | POLLIN;
   if ((s.peer_fin || s.fin_arrived) && s.fin_sent) r |= POLLHUP;
   return r;
+}
+
+void stream_check_peer(Sock &s) {
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (s.link.qp) check_peer(s);
 }
 
 bool stream_arm(Sock &s) {

@@ -1346,6 +1346,29 @@ TEST(Close, WithUnreadDataZCopySender) {
   close_with_unread(4096);
 }
 
+// A process that exits without closing its connection: the kernel would send TCP's FIN for
+// it, so the peer reads everything and then EOF, not ECONNRESET. (A forked child is the one
+// that exits: exit() runs the layer's exit handler.)
+TEST(Close, ExitWithoutCloseGivesEof) {
+  Listener l;
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int fd = dial(l.port);
+    settle_client(fd);
+    send_pattern(fd, 77, 0, 300000);
+    exit(0);  // fd left open on purpose
+  }
+  int fd = l.accept_one();
+  settle_server(fd);
+  expect_pattern(fd, 77, 0, 300000);
+  expect_eof(fd);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  close(fd);
+}
+
 // close() returns at once in both orders: the first end to close, and the second once it
 // has read the first one's EOF (a TCP close never waits for the peer).
 TEST(Close, ReturnsPromptlyOnBothEnds) {

@@ -26,6 +26,9 @@ Cases (two processes each, on a free port, each bounded by ITEST_TIMEOUT):
                      received messages x 64 within the client's tx/rx
   sockperf.throughput  throughput -t 2 -m 1400: message rate > 0, messages
                      x 1400 within the client's tx
+  redis              redis-server (epoll, one thread) / redis-benchmark -c 8 -n 20000
+                     -t set,get --csv: both rates > 0; then redis-cli sets a 2 MiB
+                     value and gets it back, equal; every client connection path=sdp
   qperf.tcp_bw       qperf -lp PORT (stopped with SIGTERM) / qperf -lp PORT
                      127.0.0.1 -t 2 -vvs -m 64K tcp_bw: bw > 0, send_msgs x 64 KiB
                      within the client's tx (64 KiB sends: the ZCopy threshold)
@@ -631,6 +634,37 @@ def case_sockperf(kind):
 QPERF_FIGURE = re.compile(r"^\s+(\w+)\s+=\s+([\d.,]+)\s*(\S*)\s*$", re.MULTILINE)
 
 
+def case_redis():
+    """redis-server (epoll, one thread, many connections) and redis-benchmark, both under
+    the layer, then redis-cli SET/GET of a 1 MiB value checked byte for byte."""
+    itest.require_tools("redis-server", "redis-benchmark", "redis-cli")
+    server = ["redis-server", "--port", "{port}", "--bind", LOOP, "--save", "",
+              "--appendonly", "no"]
+    d = tmpdir()
+    value = os.urandom(1 << 20).hex().encode()  # 2 MiB of text: redis-cli -x takes stdin
+    src, out = os.path.join(d, "value"), os.path.join(d, "got")
+    with open(src, "wb") as f:
+        f.write(value)
+    # -c 8: eight connections on one event loop; --csv: one parsable line per test. Then a
+    # large value set and read back by redis-cli (a shell's children inherit the preload).
+    cli = f"redis-cli -h {LOOP} -p {{port}}"
+    client = ["sh", "-c",
+              f"redis-benchmark -h {LOOP} -p {{port}} -c 8 -n 20000 -t set,get --csv && "
+              f"{cli} -x set big < {src} && {cli} --raw get big > {out}"]
+    s, c, port = run_pair(server, client, stop=signal.SIGTERM)
+    with open(out, "rb") as f:
+        got = f.read()
+    if got.rstrip(b"\n") != value:
+        fail(f"redis-cli get returned {len(got)} bytes, not the {len(value)} set")
+    rates = dict(re.findall(r'^"(SET|GET)","([\d.]+)"', c.output(), re.MULTILINE))
+    log(f"redis-benchmark: {rates} requests/s")
+    if set(rates) != {"SET", "GET"} or min(float(v) for v in rates.values()) <= 0:
+        c.dump()
+        fail(f"redis-benchmark reported {rates}")
+    check_sdp(c.stats, conns=10, tx=len(value), rx=len(value), proc=c, what="redis clients")
+    check_sdp(s.stats, required=False, proc=s, what="redis-server")
+
+
 def case_qperf(test):
     itest.require_tools("qperf")
     size, msg_opt = {"tcp_bw": (65536, "64K"), "tcp_lat": (64, "64")}[test]
@@ -881,6 +915,7 @@ CASES = {
     "iperf3.parallel": lambda: case_iperf3(["-P", "4"], 4),
     "sockperf.ping_pong": lambda: case_sockperf("ping_pong"),
     "sockperf.throughput": lambda: case_sockperf("throughput"),
+    "redis": case_redis,
     "qperf.tcp_bw": lambda: case_qperf("tcp_bw"),
     "qperf.tcp_lat": lambda: case_qperf("tcp_lat"),
     "curl": case_curl,
