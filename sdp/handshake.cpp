@@ -251,7 +251,8 @@ void handshake_before_connect(Sock &s, const sockaddr *addr, socklen_t len) {
       mlen = sizeof me;
       getsockname(s.fd, reinterpret_cast<sockaddr *>(&me), &mlen);
     }
-    s.mark_fd = hold_name('C', port_of(reinterpret_cast<sockaddr *>(&me)));
+    s.mark_port = port_of(reinterpret_cast<sockaddr *>(&me));
+    s.mark_fd = hold_name('C', s.mark_port);
     s.reason = s.mark_fd >= 0 ? "" : "marker_taken";
   }
 }
@@ -259,6 +260,15 @@ void handshake_before_connect(Sock &s, const sockaddr *addr, socklen_t len) {
 void handshake_after_connect(Sock &s) {
   if (s.mark_fd < 0) {
     stay_tcp(s, *s.reason ? s.reason : "peer_no_sdp");
+    return;
+  }
+  // The marker must name the port the connection came from: after a failed connect Linux
+  // reports the old port although the next connect takes a new one.
+  sockaddr_storage me{};
+  socklen_t mlen = sizeof me;
+  if (getsockname(s.fd, reinterpret_cast<sockaddr *>(&me), &mlen) != 0 ||
+      port_of(reinterpret_cast<sockaddr *>(&me)) != s.mark_port) {
+    stay_tcp(s, "port_changed");
     return;
   }
   s.state = State::kClientPending;  // Hello at the first use; the marker tells the server

@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "sdp.hpp"
@@ -223,6 +224,8 @@ void close_all_at_exit() {
     std::lock_guard<std::mutex> lk(tab_mu);
     for (auto &kv : *tab) all.push_back(kv.second);
   }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());  // dup'd descriptors: once
   for (auto &s : all)
     if (s->state == State::kSdp && !s->inherited) stream_close(*s);
 }
@@ -507,7 +510,12 @@ SDP_EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count) {
     if (n == 0) break;
     iovec v{buf, size_t(n)};
     ssize_t w = stream_send(*s, &v, 1, 0);
-    if (w < 0) return done ? ssize_t(done) : -1;
+    if (w < 0) {
+      int err = errno;
+      if (!offset) lseek(in, -n, SEEK_CUR);  // not sent: the file position stays before it
+      errno = err;
+      return done ? ssize_t(done) : -1;
+    }
     done += size_t(w);
     if (w < n) {
       if (!offset) lseek(in, w - n, SEEK_CUR);

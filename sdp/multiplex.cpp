@@ -90,12 +90,31 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
       k.push_back(fds[i]);
       kidx.push_back(i);
     }
+    // The kernel's view, without waiting: the program's other descriptors, and each SDP
+    // socket's own (a peer that died shows only there; a busy poller must see it too).
+    const size_t plain = k.size();
+    for (nfds_t i = 0; i < n; ++i)
+      if (socks[i]) {
+        k.push_back({socks[i]->fd, POLLIN | POLLRDHUP, 0});
+        kidx.push_back(i);
+      }
     if (!k.empty() && real().poll(k.data(), k.size(), 0) > 0) {
-      for (size_t j = 0; j < k.size(); ++j) {
+      for (size_t j = 0; j < plain; ++j) {
         fds[kidx[j]].revents = k[j].revents;
         ready += k[j].revents != 0;
       }
+      for (size_t j = plain; j < k.size(); ++j) {
+        if (!k[j].revents) continue;
+        const nfds_t i = kidx[j];
+        stream_check_peer(*socks[i]);
+        const bool was = fds[i].revents != 0;
+        int r = sock_revents(socks[i], fds[i].events);
+        fds[i].revents = short(r > 0 ? r : 0);
+        ready += !was && fds[i].revents != 0;
+      }
     }
+    k.resize(plain);
+    kidx.resize(plain);
     if (ready) return ready;
     const int64_t now = now_ns();
     if (deadline >= 0 && now >= deadline) return 0;
@@ -103,8 +122,11 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
       sched_yield();
       continue;
     }
-    // Sleep: arm every SDP socket, look once more, then wait on the kernel.
-    size_t kernel_n = k.size();
+    // Sleep: counted as asleep (a wakeup another thread takes from now on kicks), arm every
+    // SDP socket, look once more, then wait on the kernel.
+    for (nfds_t i = 0; i < n; ++i)
+      if (socks[i]) ++socks[i]->sleepers;
+    const size_t kernel_n = k.size();
     for (nfds_t i = 0; i < n; ++i) {
       if (!socks[i] || socks[i]->state != State::kSdp || !socks[i]->link.channel) continue;
       stream_arm(*socks[i]);
@@ -114,7 +136,11 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     bool late = false;
     for (nfds_t i = 0; i < n && !late; ++i)
       if (socks[i]) late = sock_revents(socks[i], fds[i].events) > 0;
-    if (late) continue;
+    if (late) {
+      for (nfds_t i = 0; i < n; ++i)
+        if (socks[i]) --socks[i]->sleepers;
+      continue;
+    }
     const size_t chan_end = k.size();
     for (nfds_t i = 0; i < n; ++i)
       if (socks[i]) {
@@ -126,13 +152,13 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
       if (socks[i] && socks[i]->link.kick_fd >= 0) {
         k.push_back({socks[i]->link.kick_fd, POLLIN, 0});
         kidx.push_back(i);
-        ++socks[i]->sleepers;
       }
     int ms = remaining_ms(deadline);
     timespec ts{ms / 1000, (ms % 1000) * 1000000l};
     int r = real().ppoll(k.data(), k.size(), ms < 0 ? nullptr : &ts, mask);
     int err = errno;
-    for (size_t j = sock_end; j < k.size(); ++j) --socks[kidx[j]]->sleepers;
+    for (nfds_t i = 0; i < n; ++i)
+      if (socks[i]) --socks[i]->sleepers;
     if (r < 0) {
       errno = err;
       return -1;
@@ -260,7 +286,14 @@ void unwatch(int epfd, Reg &reg) {
 
 // The registrations that are ready, as the program asked for them.
 int scan(int epfd, EpSet &set, epoll_event *out, int max) {
-  std::vector<std::pair<int, Reg *>> todo;
+  // Copies, not pointers: another thread may change or remove a registration while this one
+  // looks at the socket (without the set's lock, which is never held while taking a socket's).
+  struct Todo {
+    int fd;
+    std::shared_ptr<Sock> s;
+    uint32_t events;
+  };
+  std::vector<Todo> todo;
   std::vector<int> fallen;
   {
     std::lock_guard<std::mutex> lk(set.mu);
@@ -271,41 +304,44 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max) {
         real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->fd, nullptr);
         watch(epfd, fd, reg);
       }
-      if (!reg.kernel && !reg.disabled) todo.push_back({fd, &reg});
+      if (!reg.kernel && !reg.disabled) todo.push_back({fd, reg.s, reg.events});
     }
   }
   int n = 0;
-  for (auto &[fd, reg] : todo) {
+  for (const Todo &t : todo) {
     if (n >= max) break;
-    int r = sock_revents(reg->s, short(reg->events));
+    int r = sock_revents(t.s, short(t.events));
     if (r < 0) {
-      fallen.push_back(fd);
+      fallen.push_back(t.fd);
       continue;
     }
-    uint32_t ev = uint32_t(r) & (reg->events | EPOLLERR | EPOLLHUP);
+    uint64_t rx = 0, tx = 0;
+    if (t.events & EPOLLET) {
+      std::lock_guard<std::mutex> sl(t.s->mu);
+      rx = t.s->rx_produced + t.s->fin_arrived + uint64_t(t.s->error);
+      tx = t.s->peer_consumed;
+    }
     std::lock_guard<std::mutex> lk(set.mu);
-    if (reg->events & EPOLLET) {
-      uint64_t rx, tx;
-      {
-        std::lock_guard<std::mutex> sl(reg->s->mu);
-        rx = reg->s->rx_produced + reg->s->peer_fin + uint64_t(reg->s->error);
-        tx = reg->s->peer_consumed;
-      }
-      reg->last &= ev;  // a condition that ended may be reported again when it comes back
-      uint32_t fresh = ev & ~reg->last;
-      if ((ev & EPOLLIN) && rx != reg->rx_seen) fresh |= EPOLLIN;
-      if ((ev & EPOLLOUT) && tx != reg->tx_seen) fresh |= EPOLLOUT;
-      reg->rx_seen = rx;
-      reg->tx_seen = tx;
-      reg->last |= ev;
-      ev = fresh | (ev & (EPOLLERR | EPOLLHUP) & ~reg->last);
-      if (fresh & (EPOLLERR | EPOLLHUP)) ev |= fresh & (EPOLLERR | EPOLLHUP);
+    auto it = set.regs.find(t.fd);
+    if (it == set.regs.end() || it->second.s != t.s || it->second.disabled || it->second.kernel)
+      continue;  // removed, replaced, or taken by another thread (oneshot) meanwhile
+    Reg &reg = it->second;
+    uint32_t ev = uint32_t(r) & (reg.events | EPOLLERR | EPOLLHUP);
+    if (reg.events & EPOLLET) {
+      reg.last &= ev;  // a condition that ended may be reported again when it comes back
+      uint32_t fresh = ev & ~reg.last;
+      if ((ev & EPOLLIN) && rx != reg.rx_seen) fresh |= EPOLLIN;
+      if ((ev & EPOLLOUT) && tx != reg.tx_seen) fresh |= EPOLLOUT;
+      reg.rx_seen = rx;
+      reg.tx_seen = tx;
+      reg.last |= ev;
+      ev = fresh;
     }
     if (!ev) continue;
     out[n].events = ev;
-    out[n].data = reg->data;
+    out[n].data = reg.data;
     ++n;
-    if (reg->events & EPOLLONESHOT) reg->disabled = true;
+    if (reg.events & EPOLLONESHOT) reg.disabled = true;
   }
   if (!fallen.empty()) {
     // It stayed on TCP: the kernel takes the registration as the program made it.
@@ -361,12 +397,13 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
   // Programs pass their whole set size as max (redis: 10128): the buffer is kept per thread,
   // not allocated and zeroed per call.
   static thread_local std::vector<epoll_event> k;
-  const size_t kmax = std::min<size_t>(size_t(max), 4096) + 8;
-  if (k.size() < kmax) k.resize(kmax);
+  if (k.size() < size_t(max)) k.resize(size_t(max));
   for (;;) {
     int n = scan(epfd, *set, out, max);
     if (n < max) {
-      int kn = real().epoll_wait(epfd, k.data(), int(kmax), 0);
+      // Never more than the caller can take: what the kernel hands over leaves its ready list
+      // (edge-triggered and oneshot events of other descriptors would be lost).
+      int kn = real().epoll_wait(epfd, k.data(), max - n, 0);
       if (kn > 0) n = take_kernel(epfd, *set, k.data(), kn, out, n, max);
     }
     if (n) return n;
@@ -382,11 +419,15 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
       for (auto &[fd, reg] : set->regs)
         if (!reg.kernel && reg.s->state == State::kSdp) armed.push_back(reg.s);
     }
+    // Counted as asleep before arming: a wakeup another thread takes from now on kicks.
+    for (auto &s : armed) ++s->sleepers;
     for (auto &s : armed) stream_arm(*s);
     n = scan(epfd, *set, out, max);
-    if (n) return n;
-    for (auto &s : armed) ++s->sleepers;
-    int kn = real().epoll_pwait(epfd, k.data(), int(kmax), remaining_ms(deadline), mask);
+    if (n) {
+      for (auto &s : armed) --s->sleepers;
+      return n;
+    }
+    int kn = real().epoll_pwait(epfd, k.data(), max, remaining_ms(deadline), mask);
     int err = errno;
     for (auto &s : armed) --s->sleepers;
     if (kn < 0) {

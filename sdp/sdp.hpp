@@ -165,8 +165,10 @@ struct Sock : std::enable_shared_from_this<Sock> {
   State state = State::kCandidate;
   Role role = Role::kClient;
   bool nonblocking = false;
-  int zcopy_thresh = -1;    // -1: the configured default
-  int mark_fd = -1;         // listener mark or client marker (abstract AF_UNIX name)
+  int zcopy_thresh = -1;  // -1: the configured default
+  int mark_fd = -1;
+  uint16_t mark_port = 0;   // the client port its marker names         // listener mark or client
+                            // marker (abstract AF_UNIX name)
   bool connecting = false;  // a non-blocking connect is in progress (client)
   Link link;
 

@@ -122,6 +122,7 @@ void fill_ack(Sock &s) {
 }
 
 bool send_ack(Sock &s) {
+  if (!s.link.qp || s.inherited) return false;
   if (s.error || credit_msgs(s) < 1) {
     s.ack_wanted = true;  // sent when credits come back
     return false;
@@ -173,7 +174,8 @@ void answer_cancel(Sock &s) {
 // Reaps completions: immediates (ring bytes or acks), send-queue progress, errors.
 void progress(Sock &s) {
   Link &l = s.link;
-  if (!l.cq) return;
+  // A fork()ed child's copy must not take the parent's completions (the CQ is shared memory).
+  if (!l.cq || s.inherited) return;
   ibv_wc wc[32];
   uint32_t recvs = 0;
   for (;;) {
@@ -386,11 +388,16 @@ uint64_t need_bytes(const Sock &s, uint64_t rec) {
 // (and, unless this is the FIN's flush, for the FIN) are kept.
 bool flush(Sock &s, bool fin) {
   if (s.tx_posted == s.tx_pos) return true;
+  if (!s.link.qp || s.inherited) return false;
   Link &l = s.link;
   const uint64_t R = l.remote.ring_bytes;
   const uint64_t first = s.tx_posted & (R - 1);
   const bool wraps = first + (s.tx_pos - s.tx_posted) > R;
-  if (credit_msgs(s) < (wraps ? 2u : 1u) + (fin ? 1u : 2u)) return false;
+  // Data leaves writes for an ack and for a FIN's flush (two when it wraps); the FIN takes
+  // what it needs.
+  if (credit_msgs(s) < (wraps ? 2u : 1u) + (fin ? 0u : 3u)) return false;
+  const bool signal_last = s.force_signal;  // close waits for the last write, not a pad's
+  s.force_signal = false;
   if (s.pend_rec != ~0ull) {
     Rec *rec = reinterpret_cast<Rec *>(l.mirror + (s.pend_rec & (R - 1)));
     // Ask for an ack while this side can still send: the receiver acks such a record at once.
@@ -400,6 +407,7 @@ bool flush(Sock &s, bool fin) {
   while (s.tx_posted < s.tx_pos) {
     const uint64_t off = s.tx_posted & (R - 1);
     const uint64_t n = std::min<uint64_t>(s.tx_pos - s.tx_posted, R - off);
+    if (s.tx_posted + n == s.tx_pos) s.force_signal = signal_last;
     if (!post_write(s, l.mirror + off, l.mirror_mr->lkey, uint32_t(n), l.remote.ring_addr + off,
                     l.remote.ring_rkey, uint32_t(n)))
       return false;
@@ -474,7 +482,8 @@ bool put_record(Sock &s, uint8_t type, uint64_t arg, const void *payload, size_t
     put_pad(s, fin);
     return false;
   }
-  if ((fin ? credit_bytes(s) : data_credit(s)) < rec_bytes || credit_msgs(s) < (fin ? 3u : 4u))
+  if (!s.link.qp || s.inherited) return false;
+  if ((fin ? credit_bytes(s) : data_credit(s)) < rec_bytes || credit_msgs(s) < (fin ? 2u : 4u))
     return false;
   s.pend_rec = ~0ull;
   Rec *rec = reinterpret_cast<Rec *>(l.mirror + off);
@@ -536,14 +545,14 @@ ssize_t zcopy_send(Sock &s, std::unique_lock<std::mutex> &lk, void *buf, size_t 
     });
     if (s.peer_zc_done >= seq) {
       done = len;
-    } else if (!s.error) {
+    } else if (!s.error && s.link.qp) {
       // The sink must stop reading before the buffer goes back to the program.
       logf("fd %d: zero-copy send of %zu bytes cancelled (%s)", s.fd, len,
            err == EINTR ? "signal" : "the peer sends zero copy too");
       s.cancel_req = seq;
       s.ack_wanted = true;
       send_ack(s);
-      while (!s.error && s.peer_zc_done < seq && s.peer_cancel < seq)
+      while (!s.error && s.link.qp && s.peer_zc_done < seq && s.peer_cancel < seq)
         wait_until(s, lk, [&] { return s.peer_zc_done >= seq || s.peer_cancel >= seq; });
       done = s.peer_zc_done >= seq ? len : s.peer_cancel >= seq ? s.peer_cancel_bytes : 0;
       logf("fd %d: cancel of %llu answered: %zu of %zu bytes read (zc_done %llu cancel %llu)", s.fd,
@@ -597,6 +606,13 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   IoCursor cur(iov, iovcnt);
   cur.advance(sent);
   while (sent < total) {
+    if (!s.link.qp) return sent ? ssize_t(sent) : closed_meanwhile();
+    if (s.fin_sent) {  // shut down by another thread while this one waited
+      if (sent) break;
+      errno = EPIPE;
+      raise_sigpipe(flags);
+      return -1;
+    }
     if (s.error) return send_failed(s, sent, flags);
     size_t n = append_data(s, cur, total - sent);
     s.stats.bcopy_tx += n;
@@ -651,7 +667,9 @@ ssize_t zcopy_read(Sock &s, std::unique_lock<std::mutex> &lk, const SrcAvail &sa
   } else {
     ++s.sq_used;
     ++s.reads_pending;
-    while (s.reads_pending && !s.error) wait_until(s, lk, [&] { return s.reads_pending == 0; });
+    while (s.reads_pending && !s.error && s.link.qp)
+      wait_until(s, lk, [&] { return s.reads_pending == 0; });
+    if (!s.link.qp) return -1;  // closed by another thread
     if (!s.error) r = ssize_t(n);
   }
   ibv_dereg_mr(mr);
@@ -743,6 +761,10 @@ size_t deliver(Sock &s, std::unique_lock<std::mutex> &lk, IoCursor &cur, bool pe
 ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
   std::unique_lock<std::mutex> lk(s.mu);
   if (!s.link.qp) return closed_meanwhile();
+  if (s.inherited) {
+    errno = ECONNRESET;
+    return -1;
+  }
   const bool block = !s.nonblocking && !(flags & MSG_DONTWAIT);
   const bool peek = flags & MSG_PEEK;
   const size_t want = iov_total(iov, iovcnt);
@@ -764,6 +786,15 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     }
     if (!block) {
       if (got) return ssize_t(got);
+      check_peer(s);  // a busy poller must learn of a peer that died without a FIN
+      if (s.peer_gone && s.rx_pos == s.rx_produced) {
+        set_error(s, s.peer_fin || s.fin_arrived ? EPIPE : ECONNRESET);
+        if (s.error == ECONNRESET) {
+          errno = ECONNRESET;
+          return -1;
+        }
+        return 0;
+      }
       errno = EAGAIN;
       return -1;
     }
@@ -781,6 +812,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
 short stream_poll(Sock &s) {
   std::unique_lock<std::mutex> lk(s.mu);
   if (!s.link.qp) return POLLNVAL;
+  if (s.inherited) return POLLERR | POLLHUP;
   flush(s);
   s.burst = 0;
   progress(s);
@@ -838,7 +870,7 @@ void stream_take_kick(Sock &s) {
 
 int stream_fionread(Sock &s) {
   std::lock_guard<std::mutex> lk(s.mu);
-  if (!s.link.qp) return 0;
+  if (!s.link.qp || s.inherited) return 0;
   progress(s);
   const uint64_t mask = s.link.ring_bytes - 1;
   uint64_t n = 0;
@@ -867,7 +899,7 @@ bool send_fin(Sock &s, std::unique_lock<std::mutex> &lk, int wait_ms) {
   const uint64_t end = now_ns() + uint64_t(wait_ms) * 1000000;
   while (!s.error && now_ns() < end) {
     progress(s);
-    if (credit_bytes(s) >= need_bytes(s, kRound) && credit_msgs(s) >= 3) {
+    if (credit_bytes(s) >= need_bytes(s, kRound) && credit_msgs(s) >= 2) {
       s.force_signal = true;  // the last write: close waits for its completion
       if (put_record(s, kFin, 0, nullptr, 0)) {
         s.fin_sent = true;
@@ -903,6 +935,7 @@ int stream_shutdown(Sock &s, int how) {
 
 void stream_close(Sock &s) {
   std::unique_lock<std::mutex> lk(s.mu);
+  if (!s.link.qp) return;  // closed already (at exit, or by another descriptor's close)
   if (s.state == State::kSdp) {
     check_peer(s);
     // A peer whose process closed its socket reads nothing more: no FIN, no wait.
