@@ -12,8 +12,11 @@
 #include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/select.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <map>
 #include <unordered_map>
@@ -237,7 +240,20 @@ struct Reg {
 struct EpSet {
   std::mutex mu;
   std::map<int, Reg> regs;  // by the program's descriptor
+  // Written when a registration of the layer's is added or re-armed: a thread asleep in the
+  // kernel on this set looks again (the kernel saw no change of its own).
+  int wake_fd = -1;
+  ~EpSet() {
+    if (wake_fd >= 0) real().close(wake_fd);
+  }
 };
+
+constexpr uint64_t kWakeTag = 0xfedcffffffffffffull;  // the set's wake_fd (no socket's tag)
+
+void wake_sleepers(EpSet &set) {
+  uint64_t one = 1;
+  if (set.wake_fd >= 0) (void)!syscall(SYS_write, set.wake_fd, &one, sizeof one);
+}
 
 std::mutex sets_mu;
 auto *sets = new std::unordered_map<int, std::shared_ptr<EpSet>>();
@@ -248,6 +264,13 @@ std::shared_ptr<EpSet> find_set(int epfd, bool create) {
   if (it != sets->end()) return it->second;
   if (!create) return nullptr;
   auto set = std::make_shared<EpSet>();
+  set->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (set->wake_fd >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeTag;
+    real().epoll_ctl(epfd, EPOLL_CTL_ADD, set->wake_fd, &ev);
+  }
   (*sets)[epfd] = set;
   note_epoll_fd(epfd, true);
   return set;
@@ -362,6 +385,11 @@ int take_kernel(int epfd, EpSet &set, epoll_event *k, int kn, epoll_event *out, 
   for (int i = 0; i < kn; ++i) {
     if ((k[i].data.u64 & kTagMask) != kTag) {
       if (n < max) out[n++] = k[i];
+      continue;
+    }
+    if (k[i].data.u64 == kWakeTag) {
+      uint64_t v;
+      (void)!syscall(SYS_read, set.wake_fd, &v, sizeof v);
       continue;
     }
     int fd = int((k[i].data.u64 >> 2) & 0xffffffffu);
@@ -547,6 +575,7 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     }
     auto &placed = set->regs.emplace(fd, std::move(reg)).first->second;
     watch(epfd, fd, placed);
+    wake_sleepers(*set);  // it may be ready already
     return 0;
   }
   if (it == set->regs.end()) {
@@ -574,6 +603,7 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     it->second.data = ev->data;
     it->second.disabled = false;
     it->second.last = 0;
+    if (!it->second.kernel) wake_sleepers(*set);  // re-armed: it may be ready already
     return 0;
   }
   errno = EINVAL;

@@ -1157,6 +1157,27 @@ TEST(Epoll, OneShotUntilRearmed) {
   });
 }
 
+// A worker re-arming a oneshot socket (data still unread) wakes the event loop's thread
+// already asleep in epoll_wait, as the kernel's epoll does: it reports at once.
+TEST(Epoll, RearmWakesAThreadAlreadyWaiting) {
+  epoll_test(EPOLLIN | EPOLLONESHOT, [](Channel &ch, int fd, int ep) {
+    ask(ch, 100);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    std::atomic<int64_t> woke_ms{-1};
+    const auto t0 = Clock::now();
+    std::thread loop([&] {
+      epoll_event ev{};
+      if (epoll_wait(ep, &ev, 1, 3000) == 1) woke_ms = ms_since(t0);
+    });
+    std::this_thread::sleep_for(200ms);  // the loop is asleep by now
+    epoll_add(ep, fd, EPOLLIN | EPOLLONESHOT, EPOLL_CTL_MOD);
+    loop.join();
+    EXPECT_GE(woke_ms.load(), 0) << "the waiting thread saw nothing within 3 s";
+    EXPECT_LT(woke_ms.load(), 1000) << "woken only by its timeout";
+    expect_pattern(fd, 10, 0, 100);
+  });
+}
+
 TEST(Epoll, RdhupAfterPeerShutdown) {
   epoll_test(EPOLLIN | EPOLLRDHUP, [](Channel &ch, int fd, int ep) {
     ch.send(UINT32_MAX);  // shutdown(SHUT_WR) at the server
