@@ -15,7 +15,8 @@
  * least this many bytes go zero-copy (the peer RDMA-reads the sender's buffer); 0 disables
  * zero copy on this socket. The default comes from PCIENTB_SDP_ZCOPY_THRESH or the config
  * file (1048576: on the emulated fabric
- * registering a buffer costs a copy of it, so BCopy is as fast below that; see NOTES.md). Number and level as OFED's SDP. getsockopt returns the current value. */
+ * registering a buffer costs a copy of it, so BCopy is as fast below that; see NOTES.md). Number
+ * and level as OFED's SDP. getsockopt returns the current value. */
 #define SDP_ZCOPY_THRESH 80
 
 /* getsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_STATS, &struct pcientb_sdp_stats, &len). */
