@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -80,6 +81,7 @@ std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
   if (!n->fab_) return nullptr;
   n->root_ = static_cast<AreaRoot *>(n->fab_->area());
   n->root_->magic = kAreaMagic;
+  n->describe();
   n->bump_ = (sizeof(AreaRoot) + kAreaPage - 1) & ~(kAreaPage - 1);
   n->self_ = n->fab_->peer(n->fab_->lid());
   n->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -100,6 +102,21 @@ std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
   }
   nodes[fabric_name] = n;
   return n;
+}
+
+void Node::describe() {
+  NodeStats &st = root_->stats;
+  memset(st.comm, 0, sizeof st.comm);
+  if (FILE *f = fopen("/proc/self/comm", "re")) {
+    if (fgets(st.comm, sizeof st.comm, f)) st.comm[strcspn(st.comm, "\n")] = 0;
+    fclose(f);
+  }
+  st.pid = pid_;
+  st.lid = fab_->lid();
+  st.guid = fab_->node_guid();
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  st.started_ns = uint64_t(ts.tv_sec) * 1000000000 + uint64_t(ts.tv_nsec);
 }
 
 Node::~Node() {
@@ -219,6 +236,9 @@ int Node::alloc_qp(Qp *qp, uint32_t *idx, uint32_t *qpn) {
     qps_[i] = qp;
     *idx = i;
     *qpn = (uint32_t{qp_gen_[i]} << 12) | i;
+    qp->stats = &root_->qp_stats[i];
+    qp->stats->clear();
+    qp->stats->qpn.store(*qpn, std::memory_order_relaxed);
     return 0;
   }
   return ENOMEM;
@@ -289,28 +309,45 @@ void Node::retire_qp(Qp *qp) {
   // the number gone; one that claimed before is waited for by cq_discard_qp.
   root_->qps[qp->idx].qpn.store(0, std::memory_order_seq_cst);
   qps_[qp->idx] = nullptr;
-  qp->counters.add_to(gone_);
+  qp->stats->add_to(root_->stats.gone);
+  qp->stats->qpn.store(0, std::memory_order_relaxed);
 }
+
+namespace {
+// A free entry of a directory (at most as many live objects as entries: the
+// quota), which then names `off`.
+uint32_t dir_add(std::atomic<Off> *dir, uint32_t n, Off off) {
+  for (uint32_t i = 0; i < n; ++i)
+    if (dir[i].load(std::memory_order_relaxed) == 0) {
+      dir[i].store(off, std::memory_order_release);
+      return i;
+    }
+  return n;
+}
+}  // namespace
 
 void Node::add_cq(Cq *cq) {
   std::lock_guard<std::mutex> g(mu_);
   cqs_.insert(cq);
+  cq->dir = dir_add(root_->cq_dir, kMaxCqs, cq->off);
 }
 
 void Node::remove_cq(Cq *cq) {
   std::lock_guard<std::mutex> g(mu_);
-  cq->counters.add_to(gone_);
   cqs_.erase(cq);
+  if (cq->dir < kMaxCqs) root_->cq_dir[cq->dir].store(0, std::memory_order_relaxed);
 }
 
 void Node::add_srq(Srq *srq) {
   std::lock_guard<std::mutex> g(mu_);
   srqs_[srq->off] = srq;
+  srq->dir = dir_add(root_->srq_dir, kMaxSrqs, srq->off);
 }
 
 void Node::remove_srq(Srq *srq) {
   std::lock_guard<std::mutex> g(mu_);
   srqs_.erase(srq->off);
+  if (srq->dir < kMaxSrqs) root_->srq_dir[srq->dir].store(0, std::memory_order_relaxed);
 }
 
 bool Node::srq_alive(Off off) {
@@ -318,12 +355,11 @@ bool Node::srq_alive(Off off) {
   return srqs_.count(off) != 0;
 }
 
-void Node::traffic(Counters *sum) {
+void Node::traffic(QpStats *sum) {
   std::lock_guard<std::mutex> g(mu_);
-  gone_.add_to(*sum);
+  root_->stats.gone.add_to(*sum);
   for (Qp *qp : qps_)
-    if (qp) qp->counters.add_to(*sum);
-  for (Cq *cq : cqs_) cq->counters.add_to(*sum);
+    if (qp) qp->stats->add_to(*sum);
 }
 
 // With nodes_mu.
@@ -331,15 +367,28 @@ void Node::report_traffic() {
   // A forked child holds a copy of its parent's node: not its to report.
   if (reported_ || stats_to_.empty() || getpid() != pid_) return;
   reported_ = true;
-  Counters c;
-  traffic(&c);
+  auto c = std::make_unique<QpStats>();
+  traffic(c.get());
   std::string line = "pcientb-stats pid=" + std::to_string(pid_) + " fabric=" + fab_->name() +
                      " lid=" + std::to_string(fab_->lid());
-  for (int i = 0; i < kTrafficKinds; ++i) {
-    line += std::string(" ") + kTrafficNames[i] + "_ops=" + std::to_string(c.ops[i].load());
-    line += std::string(" ") + kTrafficNames[i] + "_bytes=" + std::to_string(c.bytes[i].load());
+  auto field = [&](const char *name, const char *what, const Stat &v) {
+    line += std::string(" ") + name + what + std::to_string(v.get());
+  };
+  for (int i = 0; i < kTxKinds; ++i) {
+    field(kTxNames[i], "_ops=", c->tx_ops[i]);
+    field(kTxNames[i], "_bytes=", c->tx_bytes[i]);
   }
-  line += " errors=" + std::to_string(c.errors.load()) + "\n";
+  // Receives of both kinds, as one figure.
+  Stat recv_ops, recv_bytes;
+  recv_ops.set(c->rx_ops[0].get() + c->rx_ops[1].get());
+  recv_bytes.set(c->rx_bytes[0].get() + c->rx_bytes[1].get());
+  field("recv", "_ops=", recv_ops);
+  field("recv", "_bytes=", recv_bytes);
+  // Errors: send completions in error, flushes not counted.
+  uint64_t errors = 0;
+  for (int s = 1; s < kWcStatuses; ++s)
+    if (s != IBV_WC_WR_FLUSH_ERR) errors += c->tx_status[s].get();
+  line += " errors=" + std::to_string(errors) + "\n";
   // One write of one line: lines of processes that end together do not mix.
   int fd = stats_to_ == "stderr"
                ? dup(STDERR_FILENO)
@@ -610,6 +659,7 @@ int Context::destroy_channel(Channel *ch) {
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len) {
   if (db.fd < 0) return;
+  static_cast<AreaRoot *>(fab.area())->stats.doorbells.fetch_add(1, std::memory_order_relaxed);
   fab.ring(owner, db.fd, db.ino, rec, len);
 }
 

@@ -1,7 +1,9 @@
-// Traffic counters: what a node's work moved, by kind. Each set has one
-// writer at a time (a QP's requester under sq_mu, a CQ's poller under
-// poll_mu), so counting is a plain add with no locked instruction on the data
-// path; whoever reports sums the sets (Node::traffic).
+// Traffic counters and what a node shows of itself. They live in the node's
+// area (AreaRoot::stats) so that a management tool (pcientb-stat, through
+// engine/inspect.hpp) reads them from outside the process; no peer reads or
+// writes them. Every counter has one writer at a time, named beside it, so
+// counting is a plain load and store with no locked instruction on the data
+// path; a reader may see a count that is a moment old.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -13,11 +15,16 @@
 
 namespace pcientb::engine {
 
-enum class Traffic : uint8_t { send, write, read, atomic, recv, none };
-constexpr int kTrafficKinds = 5;
-constexpr const char *kTrafficNames[kTrafficKinds] = {"send", "write", "read", "atomic", "recv"};
+// What a requester's WR moves, by the remote right it needs (send: a message).
+enum class Traffic : uint8_t { send, write, read, atomic, none };
+constexpr int kTxKinds = 4;
+constexpr const char *kTxNames[kTxKinds] = {"send", "write", "read", "atomic"};
+// What a receiver's completions carry: SENDs, and RDMA WRITEs with immediate.
+constexpr int kRxKinds = 2;
+constexpr const char *kRxNames[kRxKinds] = {"recv", "recv_write_imm"};
+// Completions are counted by status: IBV_WC_SUCCESS .. IBV_WC_TM_RNDV_INCOMPLETE.
+constexpr int kWcStatuses = IBV_WC_TM_RNDV_INCOMPLETE + 1;
 
-// What a WR moves, from the remote right it needs: none means a message.
 // Unsupported opcodes move nothing.
 constexpr Traffic traffic_of(ibv_wr_opcode op) {
   // By index, not op_info(): GCC does not fold a pointer test under -fsanitize.
@@ -39,29 +46,89 @@ static_assert(traffic_of(IBV_WR_SEND_WITH_IMM) == Traffic::send &&
               traffic_of(IBV_WR_ATOMIC_FETCH_AND_ADD) == Traffic::atomic &&
               traffic_of(IBV_WR_SEND_WITH_INV) == Traffic::none);
 
-struct Counters {
-  std::atomic<uint64_t> ops[kTrafficKinds] = {};
-  std::atomic<uint64_t> bytes[kTrafficKinds] = {};
-  std::atomic<uint64_t> errors{0};  // completions in error, flushes not counted
-
-  void count(Traffic t, uint64_t len) {
-    if (t == Traffic::none) return;
-    bump(ops[static_cast<int>(t)], 1);
-    bump(bytes[static_cast<int>(t)], len);
+// A counter with one writer: no locked instruction, and readers in other
+// threads or processes read it without a data race.
+struct Stat {
+  std::atomic<uint64_t> v{0};
+  void add(uint64_t n) {
+    v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
-  void count_error() { bump(errors, 1); }
-  void add_to(Counters &sum) const {
-    for (int i = 0; i < kTrafficKinds; ++i) {
-      bump(sum.ops[i], ops[i].load(std::memory_order_relaxed));
-      bump(sum.bytes[i], bytes[i].load(std::memory_order_relaxed));
-    }
-    bump(sum.errors, errors.load(std::memory_order_relaxed));
-  }
-
- private:
-  static void bump(std::atomic<uint64_t> &c, uint64_t n) {
-    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  }
+  uint64_t get() const { return v.load(std::memory_order_relaxed); }
+  void set(uint64_t n) { v.store(n, std::memory_order_relaxed); }
 };
+
+// Per QP, in the slot of its index. Requester fields: with the QP's sq_mu.
+// Receiver fields: with the poll_mu of the CQ that the QP's receives go to.
+struct alignas(64) QpStats {
+  std::atomic<uint32_t> qpn;  // whose counters these are; 0: no QP
+  uint32_t type;              // enum ibv_qp_type
+  uint32_t sq_depth, rq_depth;
+  std::atomic<uint64_t> sq_retired;  // WRs retired by polling (Node::retire)
+  Stat sq_posted;                    // WRs posted since RESET
+  // Requester: WRs completed (signaled or not), by kind, and their bytes.
+  Stat tx_ops[kTxKinds], tx_bytes[kTxKinds];
+  Stat rnr_retries, transport_retries;  // attempts repeated after RNR NAK / timeout
+  Stat tx_status[kWcStatuses];          // send completions by status, flushes included
+  // Receiver: completions polled, by kind, and their bytes.
+  Stat rx_ops[kRxKinds], rx_bytes[kRxKinds];
+  Stat rx_status[kWcStatuses];  // receive completions by status
+
+  void count_tx(ibv_wr_opcode op, ibv_wc_status status, uint64_t len) {
+    tx_status[status < kWcStatuses ? status : 0].add(1);
+    Traffic t = traffic_of(op);
+    if (status != IBV_WC_SUCCESS || t == Traffic::none) return;
+    tx_ops[static_cast<int>(t)].add(1);
+    tx_bytes[static_cast<int>(t)].add(len);
+  }
+  void count_rx(const ibv_wc &wc) {
+    rx_status[wc.status < kWcStatuses ? wc.status : 0].add(1);
+    if (wc.status != IBV_WC_SUCCESS) return;
+    int k = wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM ? 1 : 0;
+    rx_ops[k].add(1);
+    rx_bytes[k].add(wc.byte_len);
+  }
+  // Adds the traffic counters (not the identity, not the queue positions) to sum.
+  void add_to(QpStats &sum) const;
+  void clear();
+};
+
+// Per node. Fields other than doorbells: with the node's table lock.
+struct NodeStats {
+  char comm[16];  // the program, as /proc/<pid>/comm
+  int32_t pid;    // of the process that owns the node
+  uint16_t lid;
+  uint16_t pad;
+  uint64_t guid;                    // node GUID, host order
+  uint64_t started_ns;              // CLOCK_REALTIME at join
+  std::atomic<uint64_t> doorbells;  // rung at peers and at itself (any thread)
+  QpStats gone;                     // counters of the QPs destroyed so far
+};
+
+inline void QpStats::add_to(QpStats &sum) const {
+  auto acc = [](Stat &to, const Stat &from) { to.set(to.get() + from.get()); };
+  for (int i = 0; i < kTxKinds; ++i) {
+    acc(sum.tx_ops[i], tx_ops[i]);
+    acc(sum.tx_bytes[i], tx_bytes[i]);
+  }
+  for (int i = 0; i < kRxKinds; ++i) {
+    acc(sum.rx_ops[i], rx_ops[i]);
+    acc(sum.rx_bytes[i], rx_bytes[i]);
+  }
+  for (int i = 0; i < kWcStatuses; ++i) {
+    acc(sum.tx_status[i], tx_status[i]);
+    acc(sum.rx_status[i], rx_status[i]);
+  }
+  acc(sum.rnr_retries, rnr_retries);
+  acc(sum.transport_retries, transport_retries);
+}
+
+inline void QpStats::clear() {
+  Stat *all[] = {&sq_posted, &rnr_retries, &transport_retries};
+  for (Stat *s : all) s->set(0);
+  for (int i = 0; i < kTxKinds; ++i) tx_ops[i].set(0), tx_bytes[i].set(0);
+  for (int i = 0; i < kRxKinds; ++i) rx_ops[i].set(0), rx_bytes[i].set(0);
+  for (int i = 0; i < kWcStatuses; ++i) tx_status[i].set(0), rx_status[i].set(0);
+  sq_retired.store(0, std::memory_order_relaxed);
+}
 
 }  // namespace pcientb::engine

@@ -19,6 +19,13 @@ Off alloc_ring(Node &node, uint32_t capacity) {
   return node.alloc(offsetof(CqShared, ring) + ring_bytes(capacity, kCqSlotSize));
 }
 
+// A receive completion, counted for its QP by the poller of the QP's
+// receive CQ (the one writer of those counters).
+void count_receive(Node &node, const ibv_wc &wc) {
+  QpStats &st = node.root()->qp_stats[wc.qp_num & (kMaxQps - 1)];
+  if (st.qpn.load(std::memory_order_relaxed) == wc.qp_num) st.count_rx(wc);
+}
+
 bool take(Cq *cq, ibv_wc *wc) {
   RingHeader *ring = &cq->sh->ring;
   for (;;) {
@@ -35,9 +42,9 @@ bool take(Cq *cq, ibv_wc *wc) {
       if (ticket) cq->ctx->node->retire(ticket);
     }
     mpsc_pop(ring, pos);
-    if (got && wc->status == IBV_WC_SUCCESS && (wc->opcode & IBV_WC_RECV))
-      cq->counters.count(Traffic::recv, wc->byte_len);
-    if (got) return true;
+    if (!got) continue;
+    if (!ticket || (ticket & CqEntry::kEager)) count_receive(*cq->ctx->node, *wc);
+    return true;
   }
 }
 
@@ -217,9 +224,11 @@ int resize_cq(Cq *cq, int cqe) {
     ring_publish(&sh->ring, s, pos);
     mpsc_pop(&cq->sh->ring, from);
   }
+  node.remove_cq(cq);
   node.free(cq->off);
   cq->off = off;
   cq->sh = sh;
+  node.add_cq(cq);
   cq->capacity = capacity;
   cq->ibv.cqe = cqe;
   return 0;

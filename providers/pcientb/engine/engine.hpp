@@ -70,12 +70,16 @@ class Node {
   // Send queue accounting, per QP index: how many WRs the application has
   // retired by polling their completions.
   uint64_t sq_retired(uint32_t idx) const {
-    return sq_retired_[idx].load(std::memory_order_acquire);
+    return root_->qp_stats[idx].sq_retired.load(std::memory_order_acquire);
   }
   void retire(uint64_t ticket) {
-    sq_retired_[ticket >> 48].store(ticket & ((uint64_t{1} << 48) - 1), std::memory_order_release);
+    root_->qp_stats[ticket >> 48].sq_retired.store(ticket & ((uint64_t{1} << 48) - 1),
+                                                   std::memory_order_release);
   }
-  void reset_sq(uint32_t idx) { sq_retired_[idx].store(0, std::memory_order_release); }
+  void reset_sq(uint32_t idx) {
+    root_->qp_stats[idx].sq_retired.store(0, std::memory_order_release);
+    root_->qp_stats[idx].sq_posted.set(0);
+  }
 
   // The progress engine: deferred send work (RNR and transport retries) and
   // peer liveness. Qp::sq_mu_ must not be held when calling these.
@@ -85,8 +89,9 @@ class Node {
   void detach(Context *ctx);
 
   // Takes a QP out of the tables and of the progress engine, for good; its
-  // traffic stays counted.
+  // traffic stays counted (NodeStats::gone).
   void retire_qp(Qp *qp);
+  // CQs and SRQs are listed in the area's directories for management tools.
   void add_cq(Cq *cq);
   void remove_cq(Cq *cq);
   // The SRQs of this node by the offset of their ring: an eager entry names
@@ -94,8 +99,8 @@ class Node {
   void add_srq(Srq *srq);
   void remove_srq(Srq *srq);
   bool srq_alive(Off off);
-  // What this node's QPs and CQs, live and gone, have moved.
-  void traffic(Counters *sum);
+  // What this node's QPs, live and gone, have moved.
+  void traffic(QpStats *sum);
   // Appends the node's traffic to $PCIENTB_STATS (a path, or "stderr"), once:
   // when the node leaves the fabric, or at exit.
   void report_traffic();  // with nodes_mu (context.cpp)
@@ -109,6 +114,7 @@ class Node {
 
  private:
   Node() = default;
+  void describe();  // fills AreaRoot::stats' identity
   void progress_loop();
   void run_due();
   uint64_t run_pending_locked();  // with prog_mu_; the next deadline, or 0
@@ -136,10 +142,8 @@ class Node {
   uint8_t mr_gen_[kMaxMrs] = {};
   uint16_t qp_gen_[kMaxQps] = {};
   Qp *qps_[kMaxQps] = {};
-  std::atomic<uint64_t> sq_retired_[kMaxQps] = {};
   std::set<Cq *> cqs_;
   std::map<Off, Srq *> srqs_;
-  Counters gone_;  // of destroyed QPs and CQs
   std::string stats_to_;
   bool reported_ = false;
 
@@ -243,7 +247,7 @@ struct Cq {
   std::atomic<int> users{0};
   ibv_wc cur;  // the entry the extended poll API is on
   uint64_t wc_flags;
-  Counters counters;  // receives polled, with poll_mu
+  uint32_t dir;  // its entry in AreaRoot::cq_dir
 };
 
 struct Srq {
@@ -255,6 +259,7 @@ struct Srq {
   uint32_t max_wr, max_sge;
   SpinLock mu;
   std::atomic<int> users{0};
+  uint32_t dir;  // its entry in AreaRoot::srq_dir
 };
 
 // A send WR as the requester keeps it while it cannot complete yet.
@@ -312,7 +317,7 @@ struct Qp {
   uint64_t sq_posted = 0;       // WRs posted since RESET
   bool drain_notify = false;
   bool errored = false;  // entered ERR since RESET (its events raised), with sq_mu
-  Counters counters;     // what this QP sent, with sq_mu
+  QpStats *stats;        // its slot of AreaRoot::qp_stats
 
   ibv_qp_state state() const { return static_cast<ibv_qp_state>(sh->state.load()); }
 };

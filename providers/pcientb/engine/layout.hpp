@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/counters.hpp"
 #include "fabric/fabric.hpp"
 
 namespace pcientb::engine {
@@ -309,12 +310,18 @@ struct QpShared {
   } holding;
 };
 
-// The root of a node's area: fixed tables, then allocations.
+// The root of a node's area: fixed tables, then allocations. `stats`,
+// `qp_stats` and the directories of CQs and SRQs are what the node shows of
+// itself to management tools (engine/inspect.hpp); peers never use them.
 struct AreaRoot {
   uint64_t magic;
   uint64_t pad[7];
   MrShared mrs[kMaxMrs];
   QpShared qps[kMaxQps];
+  NodeStats stats;
+  QpStats qp_stats[kMaxQps];
+  std::atomic<Off> cq_dir[kMaxCqs];    // CqShared of each live CQ; 0: free
+  std::atomic<Off> srq_dir[kMaxSrqs];  // RqShared of each live SRQ
 };
 constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
 

@@ -177,6 +177,9 @@ Qp *create_qp(Context *ctx, ibv_qp_init_attr_ex *a, int *err) {
     return nullptr;
   }
   node.reset_sq(qp->idx);
+  qp->stats->type = a->qp_type;
+  qp->stats->sq_depth = c.max_send_wr;
+  qp->stats->rq_depth = qp->srq ? 0 : c.max_recv_wr;
   QpShared *sh = qp->sh = &node.root()->qps[qp->idx];
   sh->state.store(IBV_QPS_RESET);
   sh->type = a->qp_type;

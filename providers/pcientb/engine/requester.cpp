@@ -323,7 +323,9 @@ Result execute(Qp *qp, const SendWqe &w) {
   return qp->ibv->qp_type == IBV_QPT_UD ? execute_ud(qp, w, src, len) : execute_rc(qp, w, src, len);
 }
 
+// With sq_mu held.
 void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len) {
+  qp->stats->count_tx(w.opcode, status, total_length(w));
   if (status == IBV_WC_SUCCESS && !qp->sig_all && !(w.flags & IBV_SEND_SIGNALED)) return;
   Node &node = *qp->ctx->node;
   complete_with(node.fab(), node.self(), qp->sh, qp->scq->sh, false, [&](CqEntry &e) {
@@ -356,19 +358,14 @@ enum class Settled { ok, failed, waits };
 Settled settle(Qp *qp, SendWqe &w, const Result &r) {
   if (r.outcome == Outcome::done) {
     complete(qp, w, r.status, r.byte_len);
-    if (r.status != IBV_WC_SUCCESS) {
-      qp->counters.count_error();
-      return Settled::failed;
-    }
-    qp->counters.count(traffic_of(w.opcode), total_length(w));
-    return Settled::ok;
+    return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
   }
   int &left = r.outcome == Outcome::rnr ? w.rnr_left : w.retry_left;
   if (left == 0) {
     complete(qp, w, r.status, 0);
-    qp->counters.count_error();
     return Settled::failed;
   }
+  (r.outcome == Outcome::rnr ? qp->stats->rnr_retries : qp->stats->transport_retries).add(1);
   if (left > 0) --left;
   uint64_t wait = r.outcome == Outcome::rnr ? uint64_t{kRnrTimerUs[r.rnr_timer & 31]} * 1000
                                             : transport_timeout_ns(qp->attr.timeout);
@@ -486,6 +483,7 @@ int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {
       }
       kick |= submit(qp, std::move(w));
     }
+    qp->stats->sq_posted.set(qp->sq_posted);
   }
   if (kick) qp->ctx->node->schedule(qp);
   return err;
@@ -500,6 +498,7 @@ int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
       wqes[i].seq = ++qp->sq_posted;
       kick |= submit(qp, std::move(wqes[i]));
     }
+    qp->stats->sq_posted.set(qp->sq_posted);
   }
   if (kick) qp->ctx->node->schedule(qp);
   return 0;

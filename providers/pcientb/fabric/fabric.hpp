@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace pcientb::fabric {
 
@@ -102,10 +104,33 @@ class Fabric {
   virtual int ring(Peer &peer, int fd, uint64_t ino, const void *rec, size_t len) = 0;
 };
 
+// A fabric seen from outside, for management tools (pcientb-stat): its nodes
+// and their areas as they are now, mapped read-only. It never joins, takes no
+// lock a node waits for, and changes nothing.
+struct NodeView {
+  uint16_t lid = 0;
+  int32_t pid = 0;
+  bool alive = false;          // the process that joined still runs
+  const void *area = nullptr;  // its engine area; nullptr if dead or not reachable
+  size_t area_size = 0;
+  int error = 0;  // why area is nullptr (an errno value), if alive
+};
+class FabricView {
+ public:
+  virtual ~FabricView() = default;
+  virtual const char *name() const = 0;
+  virtual const std::vector<NodeView> &nodes() const = 0;
+};
+
 // The emulated fabric named `name`, this process joining it as a node.
 // Returns nullptr and sets *err (an errno value) on failure.
 std::unique_ptr<Fabric> open_emu_fabric(const char *name, int *err);
 // The node GUID the emulated fabric gives this process, known before it joins.
 uint64_t emu_node_guid();
+// The names of this user's emulated fabrics (those with a table), sorted.
+std::vector<std::string> emu_fabric_names();
+// A view of the emulated fabric `name`; nullptr and *err (ENOENT: no such
+// fabric) on failure.
+std::unique_ptr<FabricView> view_emu_fabric(const char *name, int *err);
 
 }  // namespace pcientb::fabric

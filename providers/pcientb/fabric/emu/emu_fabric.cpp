@@ -1071,6 +1071,103 @@ uint64_t emu_node_guid() {
          (static_cast<uint64_t>(getpid()) & 0xffffff);
 }
 
+namespace {
+
+class EmuFabricView : public FabricView {
+ public:
+  ~EmuFabricView() override {
+    for (auto &[base, size] : maps_) kernel::munmap(base, size);
+  }
+  int open(const char *name);
+  const char *name() const override { return name_.c_str(); }
+  const std::vector<NodeView> &nodes() const override { return nodes_; }
+
+ private:
+  NodeView view(const NodeSlot &slot, uint16_t lid);
+  std::string name_;
+  std::vector<NodeView> nodes_;
+  std::vector<std::pair<void *, size_t>> maps_;
+};
+
+int EmuFabricView::open(const char *name) {
+  name_ = name;
+  if (name_.empty() || name_.find('/') != std::string::npos) return EINVAL;
+  const std::string path = "/dev/shm/" + table_prefix() + name_;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return errno;
+  struct stat st {};
+  auto table = std::make_unique<TableFile>();
+  int e = 0;
+  if (fstat(fd, &st) || st.st_uid != getuid() || static_cast<size_t>(st.st_size) < sizeof *table)
+    e = ENOENT;  // not (or not yet) a table of this user
+  // Shared: joiners and leavers (exclusive) wait only for this copy.
+  if (!e) {
+    flock(fd, LOCK_SH);
+    if (pread(fd, table.get(), sizeof *table, 0) != static_cast<ssize_t>(sizeof *table)) e = EIO;
+    flock(fd, LOCK_UN);
+  }
+  close(fd);
+  if (e) return e;
+  if (table->magic != kTableMagic) return ENOENT;
+  for (uint32_t i = 0; i < kMaxNodes; ++i)
+    if (table->slots[i].pid != 0) nodes_.push_back(view(table->slots[i], uint16_t(i + 1)));
+  return 0;
+}
+
+NodeView EmuFabricView::view(const NodeSlot &slot, uint16_t lid) {
+  NodeView v;
+  v.lid = lid;
+  v.pid = slot.pid;
+  v.alive = slot_alive(slot);
+  if (!v.alive) return v;
+  int pidfd = sys_pidfd_open(slot.pid);
+  int fd = peer_fd(slot.pid, pidfd, slot.seg_fd, O_RDONLY);
+  if (fd < 0) v.error = errno;
+  if (pidfd >= 0) close(pidfd);
+  if (fd < 0) return v;
+  void *m = MAP_FAILED;
+  if (fd_ino(fd) != slot.seg_ino)
+    v.error = ESRCH;  // the node left as we looked
+  else if ((m = kernel::mmap(nullptr, slot.seg_size, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd,
+                             0)) == MAP_FAILED)
+    v.error = errno;
+  close(fd);
+  if (m == MAP_FAILED) return v;
+  maps_.emplace_back(m, slot.seg_size);
+  const auto *hdr = static_cast<const SegHeader *>(m);
+  if (hdr->magic != kSegMagic || hdr->nonce != slot.nonce) {
+    v.error = ESRCH;
+    return v;
+  }
+  v.area = static_cast<const uint8_t *>(m) + kHeaderSize;
+  v.area_size = slot.seg_size - kHeaderSize;
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::string> emu_fabric_names() {
+  std::vector<std::string> names;
+  DIR *d = opendir("/dev/shm");
+  if (!d) return names;
+  const std::string prefix = table_prefix();
+  while (dirent *e = readdir(d))
+    if (strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0)
+      names.emplace_back(e->d_name + prefix.size());
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::unique_ptr<FabricView> view_emu_fabric(const char *name, int *err) {
+  auto v = std::make_unique<EmuFabricView>();
+  if (int e = v->open(name)) {
+    if (err) *err = e;
+    return nullptr;
+  }
+  return v;
+}
+
 std::unique_ptr<Fabric> open_emu_fabric(const char *name, int *err) {
   auto f = std::make_unique<EmuFabric>();
   int e = f->join(name);
