@@ -10,7 +10,6 @@
 // between the two vCPUs moves when the host moves them, so a reference taken minutes apart
 // would not be a reference.
 
-#include <getopt.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +22,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "rdma_pair.hpp"
 #include "references.hpp"
@@ -164,46 +166,67 @@ std::string machine_load() {
   return b;
 }
 
+// The table's columns after the size, declared once for the table and the CSV.
+struct Column {
+  const char *head;  // in the table
+  const char *csv;   // in the CSV header
+  int width, prec, csv_prec;
+  double (*get)(const Row &);
+};
+constexpr Column kColumns[] = {
+    {"WRITE MB/s", "write_MBps", 11, 1, 3, [](const Row &r) { return r.bw[0] / 1e6; }},
+    {"READ MB/s", "read_MBps", 11, 1, 3, [](const Row &r) { return r.bw[1] / 1e6; }},
+    {"SEND MB/s", "send_MBps", 11, 1, 3, [](const Row &r) { return r.bw[2] / 1e6; }},
+    {"memcpy MB/s", "memcpy_MBps", 11, 1, 3, [](const Row &r) { return r.memcpy_bw / 1e6; }},
+    {"WRITE x", "write_x_memcpy", 7, 3, 4, [](const Row &r) { return r.bw[0] / r.memcpy_bw; }},
+    {"READ x", "read_x_memcpy", 7, 3, 4, [](const Row &r) { return r.bw[1] / r.memcpy_bw; }},
+    {"SEND x", "send_x_memcpy", 7, 3, 4, [](const Row &r) { return r.bw[2] / r.memcpy_bw; }},
+    {"WRITE us", "write_lat_us", 9, 3, 4, [](const Row &r) { return r.lat[0] * 1e6; }},
+    {"READ us", "read_lat_us", 9, 3, 4, [](const Row &r) { return r.lat[1] * 1e6; }},
+    {"SEND us", "send_lat_us", 9, 3, 4, [](const Row &r) { return r.lat[2] * 1e6; }},
+    {"pp us", "pingpong_half_rtt_us", 7, 3, 4, [](const Row &r) { return r.pingpong * 1e6; }},
+    {"WRITE/pp", "write_lat_x_pingpong", 8, 2, 3,
+     [](const Row &r) { return r.lat[0] / r.pingpong; }},
+    {"SEND/pp", "send_lat_x_pingpong", 8, 2, 3, [](const Row &r) { return r.lat[2] / r.pingpong; }},
+};
+
 void print_table(FILE *f, const std::vector<Row> &rows, const std::string &load_start,
                  const std::string &load_end) {
   std::vector<double> pp;
   for (const Row &r : rows) pp.push_back(r.pingpong);
   const auto [lo, hi] = std::minmax_element(pp.begin(), pp.end());
-  fprintf(f, "pcientb-perf: RDMA over the emulated NTB fabric (pcientb0) between two processes\n");
-  fprintf(f, "machine: %s before, %s after\n", load_start.c_str(), load_end.c_str());
-  fprintf(f, "shared-memory ping-pong half round trip, measured beside each row: %.3f .. %.3f us\n",
-          *lo * 1e6, *hi * 1e6);
-  fprintf(f, "bandwidth in MB/s (10^6 B/s); x = ratio to memcpy of the same size (the row's)\n");
-  fprintf(f,
-          "latency in us: WRITE and SEND one-way (half a ping-pong round trip, as ib_write_lat\n");
-  fprintf(f, "and ib_send_lat), READ the whole operation; /pp = ratio to the row's ping-pong\n\n");
-  fprintf(f, "%9s %11s %11s %11s %11s %7s %7s %7s %9s %9s %9s %7s %8s %8s\n", "size", "WRITE MB/s",
-          "READ MB/s", "SEND MB/s", "memcpy MB/s", "WRITE x", "READ x", "SEND x", "WRITE us",
-          "READ us", "SEND us", "pp us", "WRITE/pp", "SEND/pp");
-  for (const Row &r : rows)
-    fprintf(f,
-            "%9s %11.1f %11.1f %11.1f %11.1f %7.3f %7.3f %7.3f %9.3f %9.3f %9.3f %7.3f %8.2f "
-            "%8.2f\n",
-            size_str(r.size).c_str(), r.bw[0] / 1e6, r.bw[1] / 1e6, r.bw[2] / 1e6,
-            r.memcpy_bw / 1e6, r.bw[0] / r.memcpy_bw, r.bw[1] / r.memcpy_bw, r.bw[2] / r.memcpy_bw,
-            r.lat[0] * 1e6, r.lat[1] * 1e6, r.lat[2] * 1e6, r.pingpong * 1e6, r.lat[0] / r.pingpong,
-            r.lat[2] / r.pingpong);
+  fmt::print(f,
+             "pcientb-perf: RDMA over the emulated NTB fabric (pcientb0) between two processes\n");
+  fmt::print(f, "machine: {} before, {} after\n", load_start, load_end);
+  fmt::print(
+      f, "shared-memory ping-pong half round trip, measured beside each row: {:.3f} .. {:.3f} us\n",
+      *lo * 1e6, *hi * 1e6);
+  fmt::print(f, "bandwidth in MB/s (10^6 B/s); x = ratio to memcpy of the same size (the row's)\n");
+  fmt::print(
+      f, "latency in us: WRITE and SEND one-way (half a ping-pong round trip, as ib_write_lat\n");
+  fmt::print(f,
+             "and ib_send_lat), READ the whole operation; /pp = ratio to the row's ping-pong\n\n");
+  fmt::print(f, "{:>9}", "size");
+  for (const Column &c : kColumns) fmt::print(f, " {:>{}}", c.head, c.width);
+  fmt::print(f, "\n");
+  for (const Row &r : rows) {
+    fmt::print(f, "{:>9}", size_str(r.size));
+    for (const Column &c : kColumns) fmt::print(f, " {:>{}.{}f}", c.get(r), c.width, c.prec);
+    fmt::print(f, "\n");
+  }
 }
 
 bool write_csv(const std::string &path, const std::vector<Row> &rows) {
   FILE *f = fopen(path.c_str(), "w");
   if (!f) return false;
-  fprintf(f,
-          "size_bytes,"
-          "write_MBps,read_MBps,send_MBps,memcpy_MBps,"
-          "write_x_memcpy,read_x_memcpy,send_x_memcpy,"
-          "write_lat_us,read_lat_us,send_lat_us,pingpong_half_rtt_us,"
-          "write_lat_x_pingpong,send_lat_x_pingpong\n");
-  for (const Row &r : rows)
-    fprintf(f, "%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f\n", r.size,
-            r.bw[0] / 1e6, r.bw[1] / 1e6, r.bw[2] / 1e6, r.memcpy_bw / 1e6, r.bw[0] / r.memcpy_bw,
-            r.bw[1] / r.memcpy_bw, r.bw[2] / r.memcpy_bw, r.lat[0] * 1e6, r.lat[1] * 1e6,
-            r.lat[2] * 1e6, r.pingpong * 1e6, r.lat[0] / r.pingpong, r.lat[2] / r.pingpong);
+  fmt::print(f, "size_bytes");
+  for (const Column &c : kColumns) fmt::print(f, ",{}", c.csv);
+  fmt::print(f, "\n");
+  for (const Row &r : rows) {
+    fmt::print(f, "{}", r.size);
+    for (const Column &c : kColumns) fmt::print(f, ",{:.{}f}", c.get(r), c.csv_prec);
+    fmt::print(f, "\n");
+  }
   return fclose(f) == 0;
 }
 
@@ -230,57 +253,59 @@ void print_targets(const std::vector<Row> &rows) {
   }
 }
 
-void usage(FILE *f) {
-  fprintf(f,
-          "usage: pcientb-perf [--csv FILE] [--max-size BYTES] [--seconds S] [--quick]\n"
-          "Measures RDMA WRITE, READ and SEND bandwidth and latency between two processes on the\n"
-          "emulated fabric (pcientb0) from 1 B to 4 MiB, beside memcpy and a shared-memory\n"
-          "ping-pong measured in the same run. Table on stdout, progress on stderr.\n"
-          "  --csv FILE        write the table as CSV to FILE (default pcientb-perf.csv)\n"
-          "  --max-size BYTES  largest message, a power of 2 (default 4194304)\n"
-          "  --seconds S       time budget of a bandwidth point; latency points get half\n"
-          "                    (default 0.8; the whole run takes about 60 x S seconds)\n"
-          "  --quick           sizes up to 64 KiB and a tiny budget (smoke test)\n"
-          "PCIENTB_FABRIC names the fabric; unset, a name private to this run is used.\n");
-}
-
-bool parse(int argc, char **argv, Options *o) {
-  static const option longopts[] = {
-      {"csv", required_argument, nullptr, 'c'},     {"max-size", required_argument, nullptr, 'm'},
-      {"seconds", required_argument, nullptr, 's'}, {"quick", no_argument, nullptr, 'q'},
-      {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
-  for (int c; (c = getopt_long(argc, argv, "c:m:s:qh", longopts, nullptr)) != -1;) {
-    switch (c) {
-      case 'c':
-        o->csv = optarg;
-        break;
-      case 'm':
-        o->max_size = strtoull(optarg, nullptr, 0);
-        break;
-      case 's':
-        o->seconds = strtod(optarg, nullptr);
-        break;
-      case 'q':
-        o->max_size = 64 * 1024;
-        o->seconds = 0.01;
-        o->bytes = 16 << 20;
-        o->max_rounds = 1000;
-        o->pingpong_rounds = 1000;
-        break;
-      case 'h':
-        usage(stdout);
-        exit(0);
-      default:
-        usage(stderr);
-        return false;
-    }
+// The command line; exits with status 0 after --help, 2 after a bad value.
+Options parse(int argc, char **argv) {
+  Options o;
+  bool quick = false;
+  CLI::App app{
+      "Measures RDMA WRITE, READ and SEND bandwidth and latency between two processes on the "
+      "emulated fabric (pcientb0) from 1 B up to --max-size, beside memcpy and a shared-memory "
+      "ping-pong measured in the same run. Table on stdout, progress on stderr.",
+      "pcientb-perf"};
+  app.add_option("--csv", o.csv, "Write the table as CSV to FILE")
+      ->option_text("FILE")
+      ->capture_default_str();
+  app.add_option("--max-size", o.max_size,
+                 "Largest message, a power of 2: bytes, or with a suffix K, M, G (KiB, MiB, GiB; "
+                 "powers of 1024)")
+      ->option_text("SIZE")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Validator(
+          [](std::string &v) {
+            const unsigned long long n = std::stoull(v);
+            return n && !(n & (n - 1)) ? std::string() : "not a power of 2: " + v;
+          },
+          "POWER OF 2"))
+      ->default_str("4M");
+  app.add_option("--seconds", o.seconds,
+                 "Time budget of a bandwidth point; latency points get half (the whole run takes "
+                 "about 60 x S seconds)")
+      ->option_text("S")
+      ->check(CLI::Validator(
+          [](std::string &v) {
+            char *end = nullptr;
+            const double s = strtod(v.c_str(), &end);
+            return *end == 0 && s > 0 && std::isfinite(s)
+                       ? std::string()
+                       : "not a positive number of seconds: " + v;
+          },
+          "SECONDS > 0"))
+      ->capture_default_str();
+  app.add_flag("--quick", quick, "Sizes up to 64 KiB and a tiny budget (smoke test)");
+  app.footer("PCIENTB_FABRIC names the fabric; unset, a name private to this run is used.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    exit(app.exit(e) == 0 ? 0 : 2);
   }
-  if (optind != argc || o->max_size == 0 || (o->max_size & (o->max_size - 1)) ||
-      !(o->seconds > 0)) {
-    usage(stderr);
-    return false;
+  if (quick) {
+    if (!app.count("--max-size")) o.max_size = 64 * 1024;
+    if (!app.count("--seconds")) o.seconds = 0.01;
+    o.bytes = 16 << 20;
+    o.max_rounds = 1000;
+    o.pingpong_rounds = 1000;
   }
-  return true;
+  return o;
 }
 
 // Measures one row: memcpy and the three bandwidths, then the ping-pong, the three latencies and
@@ -327,8 +352,7 @@ Row measure_row(const Options &o, size_t size, Peer &peer, ShmPingPong &pp, cons
 }  // namespace
 
 int main(int argc, char **argv) {
-  Options o;
-  if (!parse(argc, argv, &o)) return 2;
+  const Options o = parse(argc, argv);
   pcientb::bench::use_private_fabric("pcientb-perf");
   const double start = now_s();
   const std::string load_start = machine_load();

@@ -8,6 +8,10 @@
 #   scripts/setup.sh --deps-only     install dependencies only
 #   scripts/setup.sh --check-deps    exit 0 if every dependency is installed
 #   scripts/setup.sh --no-main-job   everything but the main job
+#   scripts/setup.sh --deb           dependencies, build, then the Debian package
+#                                    build/deb/pcientb_<version>_<arch>.deb
+#                                    (scripts/package.sh; prints its path); no
+#                                    install: apt install ./pcientb_*.deb
 #
 # Needs root (or sudo) for apt-get and the install step. Non-interactive.
 
@@ -22,7 +26,9 @@ PACKAGES=(
   librdmacm-dev rdmacm-utils libfabric-bin
   iperf3 sockperf curl netcat-openbsd redis-server redis-tools
   googletest libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format clang-tidy
+  clang-format clang-tidy shellcheck
+  dpkg-dev file fakeroot
+  libcli11-dev libfmt-dev groff-base
 )
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,14 +72,24 @@ install_deps() {
   fi
 }
 
-build_and_install() {
+build() {
   cd "$root"
   say "configuring and building (preset default, build/)"
   cmake --preset default
   cmake --build --preset default
+}
+
+build_and_install() {
+  build
   say "installing (cmake --install build)"
   as_root cmake --install build
-  command -v ldconfig >/dev/null 2>&1 && as_root ldconfig || true
+  if command -v ldconfig >/dev/null 2>&1; then as_root ldconfig || true; fi
+}
+
+build_package() {
+  build
+  say "building the Debian package (scripts/package.sh build build/deb)"
+  "$root/scripts/package.sh" "$root/build" "$root/build/deb"
 }
 
 run_main_job() {
@@ -93,7 +109,8 @@ case "${1:-}" in
   --deps-only) mode="deps" ;;
   --check-deps) mode="check" ;;
   --no-main-job) mode="nomain" ;;
-  -h | --help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --deb) mode="deb" ;;
+  -h | --help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "setup: unknown option '$1' (see --help)" >&2; exit 2 ;;
 esac
 
@@ -104,5 +121,6 @@ case "$mode" in
     ;;
   deps) install_deps ;;
   nomain) install_deps; build_and_install ;;
+  deb) install_deps; build_package ;;
   all) install_deps; build_and_install; run_main_job ;;
 esac
