@@ -104,22 +104,40 @@ struct NodeStats {
   QpStats gone;                     // counters of the QPs destroyed so far
 };
 
-inline void QpStats::add_to(QpStats &sum) const {
-  auto acc = [](Stat &to, const Stat &from) { to.set(to.get() + from.get()); };
+// Adds the traffic counters of `from` to `to`: QpStats or plain numbers
+// (inspect.hpp's Counts) on either side.
+inline uint64_t value_of(const Stat &s) {
+  return s.get();
+}
+inline uint64_t value_of(uint64_t v) {
+  return v;
+}
+inline void accumulate(Stat &to, uint64_t v) {
+  to.set(to.get() + v);
+}
+inline void accumulate(uint64_t &to, uint64_t v) {
+  to += v;
+}
+template <typename To, typename From>
+void add_counts(To &to, const From &from) {
   for (int i = 0; i < kTxKinds; ++i) {
-    acc(sum.tx_ops[i], tx_ops[i]);
-    acc(sum.tx_bytes[i], tx_bytes[i]);
+    accumulate(to.tx_ops[i], value_of(from.tx_ops[i]));
+    accumulate(to.tx_bytes[i], value_of(from.tx_bytes[i]));
   }
   for (int i = 0; i < kRxKinds; ++i) {
-    acc(sum.rx_ops[i], rx_ops[i]);
-    acc(sum.rx_bytes[i], rx_bytes[i]);
+    accumulate(to.rx_ops[i], value_of(from.rx_ops[i]));
+    accumulate(to.rx_bytes[i], value_of(from.rx_bytes[i]));
   }
   for (int i = 0; i < kWcStatuses; ++i) {
-    acc(sum.tx_status[i], tx_status[i]);
-    acc(sum.rx_status[i], rx_status[i]);
+    accumulate(to.tx_status[i], value_of(from.tx_status[i]));
+    accumulate(to.rx_status[i], value_of(from.rx_status[i]));
   }
-  acc(sum.rnr_retries, rnr_retries);
-  acc(sum.transport_retries, transport_retries);
+  accumulate(to.rnr_retries, value_of(from.rnr_retries));
+  accumulate(to.transport_retries, value_of(from.transport_retries));
+}
+
+inline void QpStats::add_to(QpStats &sum) const {
+  add_counts(sum, *this);
 }
 
 inline void QpStats::clear() {

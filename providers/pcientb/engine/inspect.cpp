@@ -26,37 +26,11 @@ uint64_t used_of(const RingHeader &r, uint64_t consumed) {
 }  // namespace
 
 void Counts::add(const QpStats &s) {
-  for (int i = 0; i < kTxKinds; ++i) {
-    tx_ops[i] += s.tx_ops[i].get();
-    tx_bytes[i] += s.tx_bytes[i].get();
-  }
-  for (int i = 0; i < kRxKinds; ++i) {
-    rx_ops[i] += s.rx_ops[i].get();
-    rx_bytes[i] += s.rx_bytes[i].get();
-  }
-  for (int i = 0; i < kWcStatuses; ++i) {
-    tx_status[i] += s.tx_status[i].get();
-    rx_status[i] += s.rx_status[i].get();
-  }
-  rnr_retries += s.rnr_retries.get();
-  transport_retries += s.transport_retries.get();
+  add_counts(*this, s);
 }
 
 void Counts::add(const Counts &c) {
-  for (int i = 0; i < kTxKinds; ++i) {
-    tx_ops[i] += c.tx_ops[i];
-    tx_bytes[i] += c.tx_bytes[i];
-  }
-  for (int i = 0; i < kRxKinds; ++i) {
-    rx_ops[i] += c.rx_ops[i];
-    rx_bytes[i] += c.rx_bytes[i];
-  }
-  for (int i = 0; i < kWcStatuses; ++i) {
-    tx_status[i] += c.tx_status[i];
-    rx_status[i] += c.rx_status[i];
-  }
-  rnr_retries += c.rnr_retries;
-  transport_retries += c.transport_retries;
+  add_counts(*this, c);
 }
 
 uint64_t Counts::errors() const {
