@@ -50,6 +50,8 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "references.hpp"
 
 #if __has_include(<pcientb/sdp.h>)
@@ -808,133 +810,96 @@ int run_refs(const ClientOptions &o) {
 
 // --- Command line --------------------------------------------------------------------------
 
-void usage(FILE *f) {
-  fprintf(f,
-          "usage:\n"
-          "  sockbench server -p PORT [-b ADDR] [--once]\n"
-          "  sockbench stream -c HOST -p PORT -s WRITE_SIZE -t SECONDS [-n CONNS] [-r RECV_SIZE]\n"
-          "                   [--verify] [--nodelay]\n"
-          "  sockbench pingpong -c HOST -p PORT -s SIZE -i ITERS [-w WARMUP]\n"
-          "  sockbench refs [-s SIZE]... [-t SECONDS] [--pingpong-rounds N]\n"
-          "A plain-socket benchmark: run it under pcientb-sdp for the SDP layer, without for\n"
-          "kernel TCP. One JSON line per result on stdout.\n"
-          "  server    serves each connection in a thread (stream sink or echo, as the client\n"
-          "            asks); -p 0 picks a free port; prints 'sockbench: listening on port N';\n"
-          "            --once: exit after one finished client run (else until SIGTERM)\n"
-          "  stream    CONNS connections (default 1), each a thread sending WRITE_SIZE bytes per\n"
-          "            blocking send() for SECONDS; the server counts the bytes and reports its\n"
-          "            CPU time; -r: the server's recv() size (default max(WRITE_SIZE, 256 KiB));\n"
-          "            --verify: the server checks the data (costs CPU); --nodelay: TCP_NODELAY\n"
-          "  pingpong  one connection, SIZE-byte echo round trips after WARMUP (default\n"
-          "            max(ITERS/10, 100)) untimed ones; median, p99, mean and min of RTT/2 in us\n"
-          "  refs      the same-run references of bench/references.hpp: memcpy bandwidth per\n"
-          "            SIZE (SECONDS each, default 0.2) and the shared-memory ping-pong half RTT\n"
-          "Sizes take a K, M or G suffix (binary: 4K = 4096).\n");
+// Sizes: bytes, or with a binary suffix (4K = 4096, also KiB, M, MiB, G, GiB); 1 .. 1 GiB.
+template <typename T>  // size_t, or a vector of them
+CLI::Option *size_option(CLI::App *app, const char *name, T *v, const char *what) {
+  return app->add_option(name, *v, what)
+      ->option_text("SIZE")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30).description("1 .. 1 GiB"));
 }
 
-size_t parse_size(const char *s) {
-  char *end = nullptr;
-  errno = 0;
-  const unsigned long long v = strtoull(s, &end, 0);
-  if (errno || end == s) die("bad size '%s'", s);
-  size_t mult = 1;
-  switch (*end) {
-    case 'k':
-    case 'K':
-      mult = size_t{1} << 10, end++;
-      break;
-    case 'm':
-    case 'M':
-      mult = size_t{1} << 20, end++;
-      break;
-    case 'g':
-    case 'G':
-      mult = size_t{1} << 30, end++;
-      break;
-    default:
-      break;
-  }
-  if (*end) die("bad size '%s'", s);
-  return static_cast<size_t>(v) * mult;
+CLI::Validator positive_seconds() {
+  return CLI::Validator(
+      [](std::string &v) {
+        char *end = nullptr;
+        const double s = strtod(v.c_str(), &end);
+        return *end == 0 && s > 0 && std::isfinite(s) ? std::string()
+                                                      : "not a positive number of seconds: " + v;
+      },
+      "SECONDS > 0");
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
   // A peer that closes early must give an error message, not a silent SIGPIPE death.
   signal(SIGPIPE, SIG_IGN);
-  const std::string mode = argv[1];
   ClientOptions o;
   std::string bind_addr;
-  bool once = false, have_s = false, have_t = false, have_i = false, have_c = false;
-  for (int i = 2; i < argc; i++) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char * {
-      if (i + 1 >= argc) die("%s needs a value", a.c_str());
-      return argv[++i];
-    };
-    if (a == "-p") {
-      o.port = value();
-    } else if (a == "-c") {
-      o.host = value(), have_c = true;
-    } else if (a == "-b") {
-      bind_addr = value();
-    } else if (a == "-s") {
-      o.size = parse_size(value()), have_s = true;
-      o.sizes.push_back(o.size);
-    } else if (a == "-r") {
-      o.recv_size = parse_size(value());
-    } else if (a == "-t") {
-      o.seconds = strtod(value(), nullptr), have_t = true;
-    } else if (a == "-n") {
-      o.conns = atoi(value());
-    } else if (a == "-i") {
-      o.iters = strtoull(value(), nullptr, 0), have_i = true;
-    } else if (a == "-w") {
-      o.warmup = strtoll(value(), nullptr, 0);
-    } else if (a == "--pingpong-rounds") {
-      o.pingpong_rounds = strtoull(value(), nullptr, 0);
-    } else if (a == "--once") {
-      once = true;
-    } else if (a == "--verify") {
-      o.verify = true;
-    } else if (a == "--nodelay") {
-      o.nodelay = true;
-    } else {
-      usage(stderr);
-      die("unknown argument '%s'", a.c_str());
-    }
+  bool once = false;
+  CLI::App app{
+      "A plain-socket benchmark: run it under pcientb-sdp for the SDP layer, without for kernel "
+      "TCP. One JSON line per result on stdout.",
+      "sockbench"};
+  app.require_subcommand(1);
+  app.footer("Sizes take a K, M or G suffix (binary: 4K = 4096; KiB.. too). Bad values: exit 2.");
+
+  CLI::App *server = app.add_subcommand(
+      "server",
+      "Serve each connection in a thread (stream sink or echo, as the client asks); prints "
+      "'sockbench: listening on port N'");
+  server->add_option("-p", o.port, "Port; 0 picks a free one")->required();
+  server->add_option("-b", bind_addr, "Address to bind (default: any)");
+  server->add_flag("--once", once, "Exit after one finished client run (else until SIGTERM)");
+
+  CLI::App *stream = app.add_subcommand(
+      "stream",
+      "CONNS connections, each a thread sending WRITE_SIZE bytes per blocking send() for "
+      "SECONDS; the server counts the bytes and reports its CPU time");
+  CLI::App *pingpong = app.add_subcommand(
+      "pingpong",
+      "One connection, SIZE-byte echo round trips after WARMUP untimed ones; median, "
+      "p99, mean and min of RTT/2 in us");
+  for (CLI::App *c : {stream, pingpong}) {
+    c->add_option("-c", o.host, "Server host")->required();
+    c->add_option("-p", o.port, "Server port")->required();
+    size_option(c, "-s", &o.size, "Bytes per send() (stream) or per message (pingpong)")
+        ->required();
   }
-  const size_t kMaxSize = size_t{1} << 30;
-  if (mode == "server") {
-    if (o.port.empty()) die("server: -p PORT is required (0: any free port)");
-    return run_server(bind_addr, o.port, once);
+  stream->add_option("-t", o.seconds, "Seconds to send")->required()->check(positive_seconds());
+  stream->add_option("-n", o.conns, "Connections")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  size_option(stream, "-r", &o.recv_size, "The server's recv() size (default max(SIZE, 256 KiB))");
+  stream->add_flag("--verify", o.verify, "The server checks the data (costs CPU)");
+  stream->add_flag("--nodelay", o.nodelay, "TCP_NODELAY");
+  pingpong->add_option("-i", o.iters, "Timed round trips")
+      ->required()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+  pingpong->add_option("-w", o.warmup, "Untimed round trips first (default max(ITERS/10, 100))")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+
+  CLI::App *refs = app.add_subcommand(
+      "refs",
+      "The same-run references of bench/references.hpp: memcpy bandwidth per SIZE and the "
+      "shared-memory ping-pong half RTT");
+  size_option(refs, "-s", &o.sizes, "A memcpy size (repeatable; default 4M)");
+  refs->add_option("-t", o.seconds, "Seconds per memcpy size (default 0.2)")
+      ->check(positive_seconds());
+  refs->add_option("--pingpong-rounds", o.pingpong_rounds, "Ping-pong round trips")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  if (mode == "stream" || mode == "pingpong") {
-    if (!have_c || o.port.empty() || !have_s)
-      die("%s: -c HOST, -p PORT and -s SIZE are required", mode.c_str());
-    if (o.size == 0 || o.size > kMaxSize) die("size must be 1 .. 1 GiB");
-    if (o.recv_size > kMaxSize) die("recv size must be at most 1 GiB");
-    if (mode == "stream") {
-      if (!have_t || !(o.seconds > 0)) die("stream: -t SECONDS (> 0) is required");
-      if (o.conns < 1 || o.conns > 1024) die("stream: -n must be 1 .. 1024");
-      return run_stream(o);
-    }
-    if (!have_i || o.iters == 0) die("pingpong: -i ITERS (> 0) is required");
-    return run_pingpong(o);
-  }
-  if (mode == "refs") {
-    if (o.sizes.empty()) o.sizes = {size_t{4} << 20};
-    if (!have_t) o.seconds = 0.2;
-    if (!(o.seconds > 0) || o.pingpong_rounds == 0) die("refs: bad -t or --pingpong-rounds");
-    for (size_t s : o.sizes)
-      if (s == 0 || s > kMaxSize) die("size must be 1 .. 1 GiB");
-    return run_refs(o);
-  }
-  usage(stderr);
-  die("unknown mode '%s'", mode.c_str());
+
+  if (server->parsed()) return run_server(bind_addr, o.port, once);
+  if (stream->parsed()) return run_stream(o);
+  if (pingpong->parsed()) return run_pingpong(o);
+  if (o.sizes.empty()) o.sizes = {size_t{4} << 20};
+  if (!refs->count("-t")) o.seconds = 0.2;
+  return run_refs(o);
 }

@@ -3,7 +3,7 @@
 stderr naming the option, with exit status 2; --help exits 0 and lists every option;
 sizes take K/M/G (KiB...) suffixes.
 
-  cli_test.py PCIENTB_PERF PCIENTB_STAT PCIENTB_STRESS
+  cli_test.py PCIENTB_PERF PCIENTB_STAT PCIENTB_STRESS SOCKBENCH
 """
 
 import csv
@@ -41,7 +41,7 @@ def helps(tool, options):
 
 
 def main():
-    perf, stat, stress = sys.argv[1:4]
+    perf, stat, stress, sockbench = sys.argv[1:5]
 
     helps(perf, ["--csv", "--max-size", "--seconds", "--quick"])
     bad(perf, ["--max-size", "4x"], "--max-size")
@@ -86,6 +86,22 @@ def main():
     bad(stress, ["--seconds", "0"], "--seconds")
     bad(stress, ["--srq", "101"], "--srq")
     bad(stress, ["--fabric", ""], "--fabric")
+
+    helps(sockbench, ["server", "stream", "pingpong", "refs"])
+    bad(sockbench, [], "subcommand")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4x", "-t", "1"], "-s")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "0"], "-t")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "1", "-n", "0"], "-n")
+    bad(sockbench, ["stream", "-p", "1", "-s", "4K", "-t", "1"], "-c")
+    bad(sockbench, ["pingpong", "-c", "h", "-p", "1", "-s", "8", "-i", "5x"], "-i")
+    bad(sockbench, ["refs", "-s", "2G"], "-s")
+    rc, out, err = run([sockbench, "refs", "-s", "4K", "-s", "1M", "-t", "0.02",
+                        "--pingpong-rounds", "200"])
+    sizes = [l for l in out.splitlines() if '"memcpy"' in l]
+    if rc != 0 or len(sizes) != 2 or '"size":4096' not in sizes[0] or '"size":1048576' not in sizes[1]:
+        failures.append(f"sockbench refs -s 4K -s 1M: exit {rc}, {out!r} {err!r}")
+    else:
+        print("ok   sockbench refs -s 4K -s 1M measures 4096 and 1048576")
 
     for f in failures:
         print(f"FAIL {f}")

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include <pcientb/pcientb.h>
+
 #include "verbs_helpers.hpp"
 
 namespace pcientb::test {
@@ -197,6 +199,14 @@ TEST(Counters, EachNodeReportsWhatItsWorkRequestsMovedWhenItLeaves) {
                          .compare_add(1)
                          .post(a.qp()));
         EXPECT_EQ(wait_wcs(a.cq(), 4).size(), 4u);
+        // The same counters, asked in the process (pcientb_query_port_counters).
+        pcientb_port_counters pc{};
+        ASSERT_EQ(0, pcientb_query_port_counters(a.node.ctx.get(), 1, &pc));
+        EXPECT_EQ(pc.port_xmit_packets, 5u);
+        EXPECT_EQ(pc.port_xmit_data, 3000u + 3000u + 1000u + 100u + 8u);
+        EXPECT_EQ(pc.port_rcv_packets, 0u);
+        EXPECT_EQ(pc.errors, 0u);
+        EXPECT_EQ(EINVAL, pcientb_query_port_counters(a.node.ctx.get(), 2, &pc));
         ch.barrier();
       },
       [](Channel &ch) {
@@ -204,6 +214,11 @@ TEST(Counters, EachNodeReportsWhatItsWorkRequestsMovedWhenItLeaves) {
         ASSERT_EQ(0, b.post_recv(1, 0, 4096));
         b.connect(ch);
         EXPECT_EQ(b.wait_wc().status, IBV_WC_SUCCESS);
+        pcientb_port_counters pc{};
+        ASSERT_EQ(0, pcientb_query_port_counters(b.node.ctx.get(), 1, &pc));
+        EXPECT_EQ(pc.port_rcv_packets, 1u);
+        EXPECT_EQ(pc.port_rcv_data, 100u);
+        EXPECT_EQ(pc.port_xmit_packets, 0u);
         ch.barrier();
       });
   unsetenv("PCIENTB_STATS");

@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <set>
 
 #include "engine/engine.hpp"
+#include "engine/inspect.hpp"
 #include "glue/glue.hpp"
 #include "glue/verbs_abi.h"
 #include "pcientb/pcientb.h"
@@ -486,6 +488,27 @@ PCIENTB_EXPORT int pcientb_query_gid_ex(ibv_context *c, uint32_t port, uint32_t 
 
 PCIENTB_EXPORT int pcientb_query_pkey(ibv_context *c, uint8_t port, int index, __be16 *pkey) {
   return ctx_of(c)->query_pkey(port, index, pkey);
+}
+
+PCIENTB_EXPORT int pcientb_query_port_counters(ibv_context *c, uint8_t port,
+                                               pcientb_port_counters *out) {
+  if (!pcientb_owns_context(c) || port != 1 || !out) return EINVAL;
+  pcientb::engine::Node &node = *ctx_of(c)->node;
+  auto sum = std::make_unique<pcientb::engine::QpStats>();
+  node.traffic(sum.get());
+  pcientb::engine::Counts n;
+  n.add(*sum);
+  *out = pcientb_port_counters{};
+  out->port_xmit_data = n.tx_data();
+  out->port_xmit_packets = n.tx_packets();
+  out->port_rcv_data = n.rx_data();
+  out->port_rcv_packets = n.rx_packets();
+  out->errors = n.errors();
+  out->flushed = n.flushed();
+  out->rnr_retries = n.rnr_retries;
+  out->transport_retries = n.transport_retries;
+  out->doorbells = node.root()->stats.doorbells.load(std::memory_order_relaxed);
+  return 0;
 }
 
 PCIENTB_EXPORT __be64 pcientb_device_guid(ibv_device *) {

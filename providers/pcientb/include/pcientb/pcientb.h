@@ -38,6 +38,28 @@ int pcientb_query_pkey(struct ibv_context *ctx, uint8_t port_num, int index, __b
 __be64 pcientb_device_guid(struct ibv_device *dev);
 int pcientb_device_index(struct ibv_device *dev);
 
+/* Traffic counters of the node behind a context (this process on its fabric:
+ * every context, QP and CQ of it, live and destroyed), named after an HCA's
+ * port counters (sysfs .../ports/1/counters) but counted in bytes and work
+ * requests. What pcientb-stat(1) shows as the node's counters. One-sided
+ * traffic counts at its requester only: a target does not see RDMA WRITEs
+ * into it or READs from it. */
+struct pcientb_port_counters {
+  uint64_t
+      port_xmit_data; /* bytes of the WRs completed without error: SEND, WRITE, READ, atomics */
+  uint64_t port_xmit_packets; /* those WRs */
+  uint64_t port_rcv_data;     /* bytes of the receive completions polled without error */
+  uint64_t port_rcv_packets;  /* those completions (SEND, RDMA WRITE with immediate) */
+  uint64_t errors;            /* completions in error, flushes not counted */
+  uint64_t flushed;           /* IBV_WC_WR_FLUSH_ERR completions */
+  uint64_t rnr_retries;       /* attempts repeated after a receiver-not-ready answer */
+  uint64_t transport_retries; /* attempts repeated after a transport timeout */
+  uint64_t doorbells;         /* completion and async events rung */
+};
+/* 0, or EINVAL (not a pcientb context, or port is not 1). */
+int pcientb_query_port_counters(struct ibv_context *ctx, uint8_t port,
+                                struct pcientb_port_counters *out);
+
 /* The index of the emulated device whose uverbs device node a kernel driver
  * would create at `path` (/dev/infiniband/<dev_name>), or -1. */
 int pcientb_device_node_index(const char *path);
