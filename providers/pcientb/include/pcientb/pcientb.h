@@ -56,7 +56,10 @@ struct pcientb_port_counters {
   uint64_t transport_retries; /* attempts repeated after a transport timeout */
   uint64_t doorbells;         /* completion and async events rung */
 };
-/* 0, or EINVAL (not a pcientb context, or port is not 1). */
+/* 0, or EINVAL (not a pcientb context, or port is not 1). The provider is
+ * loaded by libibverbs, not linked by programs: once a device is open, find
+ * the function with dlsym(dlopen("libpcientb-rdmav34.so", RTLD_NOW |
+ * RTLD_NOLOAD), "pcientb_query_port_counters"). */
 int pcientb_query_port_counters(struct ibv_context *ctx, uint8_t port,
                                 struct pcientb_port_counters *out);
 
