@@ -256,7 +256,12 @@ def launcher_cli():
               "-genv PCIENTB_FABRIC f1", "-genv PCIENTB_STATS /x",
               f"{run_path} --fabric f1 -- prog"]),
             (("-n", "1000", "prog"), {"UCX_LOG_LEVEL": "info"},
-             ["--oversubscribe", "-x UCX_LOG_LEVEL "]),
+             ["--oversubscribe", "-x UCX_LOG_LEVEL ", "-x UCX_RNDV_THRESH "]),
+            # The rendezvous threshold: 16k unless the user set one.
+            (("--mpi", "mpich", "-n", "2", "prog"), {},
+             ["-genv UCX_RNDV_THRESH 16k "]),
+            (("--mpi", "mpich", "-n", "2", "prog"), {"UCX_RNDV_THRESH": "64k"},
+             ["-genv UCX_RNDV_THRESH 64k "]),
         ]
         for args, env, want in cases:
             rc, out, err = call("--dry-run", "--fabric", "f1", *args, env=env)
