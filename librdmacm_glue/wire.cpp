@@ -12,11 +12,19 @@ namespace pcientb::cm {
 
 namespace {
 
-// The fabric's name as the provider reads it; long names are hashed so that
-// the address fits sun_path.
+// $PCIENTB_FABRIC as the provider reads it (as the process started when it is no longer
+// set: servers such as nginx replace their environment); long names are hashed so that the
+// address fits sun_path.
+const char *fabric_at_load = nullptr;
+__attribute__((constructor)) void read_fabric_at_load() {
+  const char *f = std::getenv("PCIENTB_FABRIC");
+  if (f != nullptr && *f != '\0') fabric_at_load = strdup(f);
+}
+
 std::string fabric_tag() {
   const char *f = std::getenv("PCIENTB_FABRIC");
-  std::string name = (f != nullptr && *f != '\0') ? f : "default";
+  if (f == nullptr || *f == '\0') f = fabric_at_load;
+  std::string name = f != nullptr ? f : "default";
   if (name.size() <= 64) return name;
   uint64_t h = 1469598103934665603ULL;  // FNV-1a
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;

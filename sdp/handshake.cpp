@@ -316,6 +316,11 @@ void take_hello(Sock &s, const HsMsg &m) {
     stay_tcp(s, "other_fabric");
     return;
   }
+  if (m.info.uid != getuid()) {  // e.g. a server's worker that dropped root: another fabric
+    send_msg(s, kDecline, EACCES);
+    stay_tcp(s, "other_user");
+    return;
+  }
   if (!link_create(s.link) || !(s.link.remote = m.info, link_connect(s.link))) {
     int e = errno;
     logf("fd %d: verbs setup failed: %s", s.fd, strerror(e));
@@ -333,7 +338,14 @@ void take_hello(Sock &s, const HsMsg &m) {
 // Client: Accept or Decline has arrived.
 void take_answer(Sock &s, const HsMsg &m) {
   if (m.type != kAccept) {
-    stay_tcp(s, m.reason == EXDEV ? "other_fabric" : "declined");
+    stay_tcp(s, m.reason == EXDEV    ? "other_fabric"
+                : m.reason == EACCES ? "other_user"
+                                     : "declined");
+    return;
+  }
+  if (m.info.uid != getuid()) {
+    send_msg(s, kAbandon, EACCES);
+    stay_tcp(s, "other_user");
     return;
   }
   s.link.remote = m.info;

@@ -56,7 +56,7 @@ struct LinkInfo {
   uint32_t ack_rkey;
   uint64_t ack_addr;
   uint32_t recv_depth;
-  uint32_t pad;
+  uint32_t uid;  // fabrics are per user: the ends must run as the same one
 };
 
 // Counters a receiver returns to its sender (written into the sender's ack slot).

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Integration test of pcientb-stat: a pyverbs program sets up a known state on its
 node (two RC QPs connected to each other, MRs, CQs, an SRQ, a UD QP) and moves a known
-amount of traffic, including a failed WRITE (bad rkey) and the flushes after it; then
+amount of traffic, including a failed WRITE (bad rkey) and the flushes after it, having
+cleared its environment first (as nginx does); then
 pcientb-stat, run from outside, must show exactly that, in text and JSON; after the
 program exits, its fabric must be gone from the listing.
 
@@ -21,7 +22,10 @@ PYTHON = os.environ.get("PCIENTB_PYVERBS_PYTHON", "/usr/bin/python3")
 # The worker: prints one JSON line describing what it made, waits for a line on
 # stdin, then exits (closing everything).
 WORKER = r"""
-import json, sys
+import json, os, sys
+# As nginx does: the environment goes before the device is opened. The node must still
+# join the fabric the process was started on (the provider keeps $PCIENTB_FABRIC from load).
+os.environ.clear()
 from pyverbs.device import Context
 from pyverbs.pd import PD
 from pyverbs.mr import MR
