@@ -25,6 +25,7 @@ PACKAGES=(
   ucx-utils openmpi-bin mpich netpipe-openmpi netpipe-mpich2 hpcc python3-mpi4py
   librdmacm-dev rdmacm-utils libfabric-bin
   iperf3 sockperf curl netcat-openbsd redis-server redis-tools
+  nginx memcached libmemcached-tools apache2-utils
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy shellcheck
   dpkg-dev file fakeroot

@@ -418,7 +418,7 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     std::lock_guard<std::mutex> lk(set->mu);
     empty = set->regs.empty();
   }
-  if (empty || max <= 0) return real().epoll_pwait(epfd, out, max, timeout_ms, mask);
+  if (!set || max <= 0) return real().epoll_pwait(epfd, out, max, timeout_ms, mask);
   const int64_t start = now_ns();
   const int64_t deadline = timeout_ms < 0 ? -1 : start + int64_t(timeout_ms) * 1000000;
   const int64_t spin_end = start + int64_t(config().spin_us) * 1000;
@@ -426,6 +426,16 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
   // not allocated and zeroed per call.
   static thread_local std::vector<epoll_event> k;
   if (k.size() < size_t(max)) k.resize(size_t(max));
+  if (empty) {
+    // No socket of the layer (left, or fell back to TCP) but the set's wake eventfd is
+    // still there, and may be readable: its event is the layer's, never the program's.
+    for (;;) {
+      int kn = real().epoll_pwait(epfd, k.data(), max, remaining_ms(deadline), mask);
+      if (kn <= 0) return kn;
+      int n = take_kernel(epfd, *set, k.data(), kn, out, 0, max);
+      if (n || (deadline >= 0 && now_ns() >= deadline)) return n;
+    }
+  }
   for (;;) {
     int n = scan(epfd, *set, out, max);
     if (n < max) {

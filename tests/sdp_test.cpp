@@ -1255,6 +1255,21 @@ TEST(Epoll, CtlDelStopsReports) {
   });
 }
 
+// Adding an SDP socket wakes the set's waiters through an eventfd of the layer's, in the
+// set. Once no socket of the layer is left in the set (removed, or fallen back to TCP as
+// ab's do against a server of another user), that eventfd's event must not reach the
+// program: ab took its data for a pointer and crashed.
+TEST(Epoll, NoEventOfTheLayerOnceItsLastSocketLeft) {
+  epoll_test(EPOLLIN, [](Channel &ch, int fd, int ep) {
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), 0);
+    EXPECT_EQ(epoll_events(ep, fd, 100), 0u) << "an event with no registration";
+    epoll_add(ep, fd, EPOLLIN);
+    ask(ch, 10);
+    EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
+    expect_pattern(fd, 10, 0, 10);
+  });
+}
+
 // Edge-triggered EPOLLOUT, as event loops use it: writable at first; after a send hit
 // EAGAIN no event until the peer makes room, then one.
 TEST(Epoll, EdgeTriggeredWritableAfterEagain) {
