@@ -31,6 +31,8 @@ Cases (two processes each, on a free port, each bounded by ITEST_TIMEOUT):
                      value and gets it back, equal; every client connection path=sdp
   memcached          memcached / memcaslap -t 2s -c 4: TPS > 0; every client
                      connection path=sdp with at least the bytes it reports
+  asyncio            asyncio echo server / client with 8 connections x 300 random-size
+                     messages, every echo checked; client connections path=sdp
   nginx              nginx (master + worker, user root when root) serving a 1 MiB
                      file: ab -k -n 2000 -c 4 without failures, then a Python
                      download, equal;
@@ -743,6 +745,24 @@ def case_nginx():
     check_sdp(s.stats, required=False, proc=s, what="nginx")
 
 
+def case_asyncio():
+    """A Python asyncio echo server and a client with 8 connections at once, 300 messages of
+    random sizes each, every echo checked (asyncio_echo.py): all connections path=sdp with at
+    least the bytes echoed."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "asyncio_echo.py")
+    s, c, _ = run_pair([sys.executable, script, "server", "{port}"],
+                       [sys.executable, script, "client", "{port}", "8", "300", "7"],
+                       stop=signal.SIGTERM)
+    m = re.search(r"^asyncio-result (\{.*\})$", output(c), re.MULTILINE)
+    if c.rc != 0 or not m:
+        dump_all(s, c)
+        fail(f"asyncio client: {c.status()}")
+    r = json.loads(m.group(1))
+    log(f"asyncio: {r['conns']} connections, {r['tx']} bytes echoed and checked")
+    check_sdp(c.stats, conns=8, tx=r["tx"], rx=r["rx"], proc=c, what="the asyncio client")
+    check_sdp(s.stats, required=False, proc=s, what="the asyncio server")
+
+
 def case_qperf(test):
     itest.require_tools("qperf")
     size, msg_opt = {"tcp_bw": (65536, "64K"), "tcp_lat": (64, "64")}[test]
@@ -995,6 +1015,7 @@ CASES = {
     "sockperf.throughput": lambda: case_sockperf("throughput"),
     "redis": case_redis,
     "memcached": case_memcached,
+    "asyncio": case_asyncio,
     "nginx": case_nginx,
     "qperf.tcp_bw": lambda: case_qperf("tcp_bw"),
     "qperf.tcp_lat": lambda: case_qperf("tcp_lat"),
