@@ -71,42 +71,6 @@ EXAMPLES
     pcientb-run pcientb-stress --seconds 30
 )";
 
-// Plain decimal, optionally with a suffix; `unit` is 1000 or 1024.
-std::optional<uint64_t> parse_with_suffix(const std::string &text, uint64_t unit) {
-  if (text.empty() || text[0] < '0' || text[0] > '9') return std::nullopt;
-  errno = 0;
-  char *end = nullptr;
-  unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0) return std::nullopt;
-  uint64_t scale = 1;
-  std::string suffix(end);
-  if (suffix.size() > 1 && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
-  if (suffix.size() > 1 && unit == 1024 && (suffix.back() == 'i')) suffix.pop_back();  // KiB
-  if (suffix == "k" || suffix == "K") {
-    scale = unit;
-  } else if (suffix == "m" || suffix == "M") {
-    scale = unit * unit;
-  } else if (suffix == "g" || suffix == "G") {
-    scale = unit * unit * unit;
-  } else if (!suffix.empty()) {
-    return std::nullopt;
-  }
-  if (value > UINT64_MAX / scale) return std::nullopt;
-  return value * scale;
-}
-
-// A transformer: `what` with suffixes of `unit` to its plain value.
-CLI::Validator suffixed(uint64_t unit, const char *what) {
-  return CLI::Validator(
-      [unit, what](std::string &v) {
-        auto n = parse_with_suffix(v, unit);
-        if (!n) return std::string("'") + v + "' is not " + what;
-        v = std::to_string(*n);
-        return std::string();
-      },
-      unit == 1024 ? "SIZE" : "COUNT");
-}
-
 // "a,b,c" -> the OR of each name's bit in `names`.
 CLI::Validator name_list(std::vector<std::pair<std::string, uint32_t>> names) {
   return CLI::Validator(
@@ -134,10 +98,6 @@ CLI::Validator name_list(std::vector<std::pair<std::string, uint32_t>> names) {
 
 }  // namespace
 
-std::optional<uint64_t> parse_size(const std::string &text) {
-  return parse_with_suffix(text, 1024);
-}
-
 std::string format_bytes(double bytes) {
   const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -163,7 +123,7 @@ Options parse_options(int argc, char **argv) {
       ->check(CLI::Range(1, 32))
       ->capture_default_str();
   app.add_option("-n,--ops", o.ops, "Stop after N operations (k/M/G: x1000); 0 = no limit")
-      ->transform(suffixed(1000, "a count (digits, optional k/M/G)"));
+      ->transform(CLI::AsSizeValue(true));  // k = 1000
   app.add_option("-t,--seconds", o.seconds, "Stop after S seconds (default 60 without --ops)")
       ->check(CLI::Validator(
           [](std::string &v) {
@@ -176,7 +136,7 @@ Options parse_options(int argc, char **argv) {
           "S"));
   app.add_option("-s,--max-size", o.max_size,
                  "Largest message, WRITE and READ, 1..64M; K/M/G (KiB...) binary (default 4M)")
-      ->transform(suffixed(1024, "a size (digits, optional K/M/G)"))
+      ->transform(CLI::AsSizeValue(false))  // K = 1024
       ->check(CLI::Range(uint64_t{1}, kLargestMaxSize).description("1..64M"));
   app.add_option("--seed", o.seed, "Random seed (default: from the clock; printed)");
   app.add_option("-k,--kill-ms", o.kill_ms, "Mean time between SIGKILLs of a worker; 0 = none")

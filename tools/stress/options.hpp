@@ -3,7 +3,6 @@
 #define PCIENTB_STRESS_OPTIONS_HPP
 
 #include <cstdint>
-#include <optional>
 #include <string>
 
 namespace stress {
@@ -52,8 +51,6 @@ struct Options {
 // value prints a one-line error and "Try --help" and exits 2.
 Options parse_options(int argc, char **argv);
 
-// "4M" -> 4194304 (binary K/M/G suffixes, case-insensitive). Nothing on error.
-std::optional<uint64_t> parse_size(const std::string &text);
 // Human-readable bytes: "4.0 MiB".
 std::string format_bytes(double bytes);
 
