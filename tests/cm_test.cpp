@@ -5,15 +5,19 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "two_process.hpp"
 
@@ -330,6 +334,61 @@ TEST(Cm, AForkedChildUsesIdsOfItsOwnOnly) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   sockaddr_in addr = ipv4("127.0.0.1", 0);
   EXPECT_EQ(rdma_bind_addr(cm.id, sa(addr)), 0);  // the parent's still works
+}
+
+// A write() that has begun holds its file, as in the kernel: a thread closing
+// the channel's descriptor while another asks for an event (rping's main and
+// event threads at exit) makes that command neither fail nor end. It fails
+// only as a write to a closed descriptor (EBADF), or when a signal ends the
+// wait (EINTR); never with EINVAL.
+TEST(Cm, ClosingTheChannelUnderAWaitingGetEventLeavesItWaiting) {
+  use_private_fabric();
+  struct sigaction sa_usr1 {};
+  sa_usr1.sa_handler = [](int) {};  // no SA_RESTART: the wait returns EINTR
+  struct sigaction old {};
+  ASSERT_EQ(sigaction(SIGUSR1, &sa_usr1, &old), 0);
+  int still_waiting = 0;
+  for (int round = 0; round < 100; ++round) {
+    rdma_event_channel *ch = rdma_create_event_channel();
+    ASSERT_NE(ch, nullptr);
+    const int fd = ch->fd;
+    std::atomic<int> result{0};  // 0: the command runs; else its errno
+    std::atomic<bool> started{false};
+    std::thread waiter([&] {
+      // GET_EVENT as librdmacm writes it (rdma_user_cm.h, which cannot be
+      // included with rdma_cma.h).
+      struct {
+        uint32_t cmd = 12;  // RDMA_USER_CM_CMD_GET_EVENT
+        uint16_t in = sizeof(uint64_t);
+        uint16_t out = 512;
+        uint64_t response = 0;
+      } c;
+      alignas(8) char resp[512];
+      c.response = reinterpret_cast<uintptr_t>(resp);
+      started.store(true);
+      const ssize_t n = write(fd, &c, sizeof c);
+      result.store(n < 0 ? errno : -1);
+    });
+    while (!started.load()) {
+    }
+    // Close from just before the write begins to well after it waits.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(round * 300);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (result.load() == 0) ++still_waiting;
+    while (result.load() == 0) {
+      pthread_kill(waiter.native_handle(), SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    waiter.join();
+    free(ch);  // its descriptor is closed already
+    const int err = result.load();
+    ASSERT_TRUE(err == EBADF || err == EINTR) << "round " << round << ": " << std::strerror(err);
+  }
+  EXPECT_GT(still_waiting, 0);  // some rounds closed under a waiting command
+  sigaction(SIGUSR1, &old, nullptr);
 }
 
 TEST(Cm, MulticastIsNotSupported) {
