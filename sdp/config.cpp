@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <new>
 #include <sstream>
 
 #include "sdp.hpp"
@@ -122,6 +125,8 @@ void add_rules(std::vector<Rule> &rules, std::istream &in, const std::string &or
   }
 }
 
+void write_totals();  // below
+
 struct State {
   Config cfg;
   std::vector<Rule> rules;
@@ -141,6 +146,8 @@ struct State {
     }
     cfg.fabric = (e = getenv("PCIENTB_FABRIC")) && *e ? e : "default";
     if ((e = getenv("PCIENTB_SDP_STATS"))) cfg.stats_path = e;
+    // Before any connection: runs after the exit handler that closes those still open.
+    if (!cfg.stats_path.empty()) atexit(write_totals);
     std::string path = (e = getenv("PCIENTB_SDP_CONFIG")) ? e : "/etc/pcientb/sdp.conf";
     std::ifstream f(path);
     if (f)
@@ -233,25 +240,95 @@ void die_internal(const char *what) {
   abort();
 }
 
-void write_stats(Sock &s) {
-  if (s.stats_written) return;
-  s.stats_written = true;
+namespace {
+
+// Appends a line to the stats file ("stderr": standard error).
+void stats_line(const char *line, int n) {
   const std::string &path = config().stats_path;
-  if (path.empty()) return;
-  char line[512];
-  int n = snprintf(line, sizeof line,
-                   "conn pid=%d prog=%s role=%s path=%s reason=%s bcopy_tx=%llu bcopy_rx=%llu "
-                   "zcopy_tx=%llu zcopy_rx=%llu\n",
-                   getpid(), program_invocation_short_name,
-                   s.role == Role::kServer ? "server" : "client",
-                   s.stats.path == PCIENTB_SDP_PATH_SDP ? "sdp" : "tcp", *s.reason ? s.reason : "-",
-                   (unsigned long long)s.stats.bcopy_tx, (unsigned long long)s.stats.bcopy_rx,
-                   (unsigned long long)s.stats.zcopy_tx, (unsigned long long)s.stats.zcopy_rx);
+  if (path == "stderr") {
+    syscall(SYS_write, 2, line, n);
+    return;
+  }
   int fd = static_cast<int>(
       syscall(SYS_openat, AT_FDCWD, path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644));
   if (fd < 0) return;
   syscall(SYS_write, fd, line, n);
   syscall(SYS_close, fd);
+}
+
+// This process's connections, summed as their lines are written (a forked child starts
+// from zero: stats_after_fork).
+struct Totals {
+  std::mutex mu;
+  uint64_t conns = 0, sdp = 0;
+  uint64_t bytes[4] = {};
+  std::map<std::string, uint64_t> tcp_reasons;
+};
+Totals &totals() {
+  static auto *t = new Totals();  // never destroyed: written at exit
+  return *t;
+}
+
+// One line per process at exit, after the connections' own (the layer closes those still
+// open from an exit handler registered later, so run earlier).
+void write_totals() {
+  Totals &t = totals();
+  std::lock_guard<std::mutex> lk(t.mu);
+  std::string reasons;
+  for (const auto &[why, n] : t.tcp_reasons)
+    reasons += (reasons.empty() ? "" : ",") + why + ":" + std::to_string(n);
+  char line[768];
+  int n = snprintf(line, sizeof line,
+                   "total pid=%d prog=%s conns=%llu sdp=%llu tcp=%llu bcopy_tx=%llu "
+                   "bcopy_rx=%llu zcopy_tx=%llu zcopy_rx=%llu tcp_reasons=%s\n",
+                   getpid(), program_invocation_short_name, (unsigned long long)t.conns,
+                   (unsigned long long)t.sdp, (unsigned long long)(t.conns - t.sdp),
+                   (unsigned long long)t.bytes[0], (unsigned long long)t.bytes[1],
+                   (unsigned long long)t.bytes[2], (unsigned long long)t.bytes[3],
+                   reasons.empty() ? "-" : reasons.c_str());
+  if (n >= int(sizeof line)) n = sizeof line - 1;
+  stats_line(line, n);
+}
+
+}  // namespace
+
+void stats_after_fork() {
+  Totals &t = totals();
+  new (&t.mu) std::mutex();  // another thread may have held it at fork()
+  t.conns = t.sdp = 0;
+  for (uint64_t &b : t.bytes) b = 0;
+  t.tcp_reasons.clear();
+}
+
+void write_stats(Sock &s) {
+  if (s.stats_written) return;
+  s.stats_written = true;
+  if (config().stats_path.empty()) return;
+  const bool sdp = s.stats.path == PCIENTB_SDP_PATH_SDP;
+  const char *reason = *s.reason ? s.reason : "-";
+  {
+    Totals &t = totals();
+    std::lock_guard<std::mutex> lk(t.mu);
+    ++t.conns;
+    if (sdp)
+      ++t.sdp;
+    else
+      ++t.tcp_reasons[reason];
+    t.bytes[0] += s.stats.bcopy_tx;
+    t.bytes[1] += s.stats.bcopy_rx;
+    t.bytes[2] += s.stats.zcopy_tx;
+    t.bytes[3] += s.stats.zcopy_rx;
+  }
+  char line[512];
+  int n = snprintf(line, sizeof line,
+                   "conn pid=%d prog=%s role=%s path=%s reason=%s bcopy_tx=%llu bcopy_rx=%llu "
+                   "zcopy_tx=%llu zcopy_rx=%llu\n",
+                   getpid(), program_invocation_short_name,
+                   s.role == Role::kServer ? "server" : "client", sdp ? "sdp" : "tcp", reason,
+                   (unsigned long long)s.stats.bcopy_tx, (unsigned long long)s.stats.bcopy_rx,
+                   (unsigned long long)s.stats.zcopy_tx, (unsigned long long)s.stats.zcopy_rx);
+  if (n >= int(sizeof line)) n = sizeof line - 1;
+  stats_line(line, n);
 }
 
 }  // namespace sdp

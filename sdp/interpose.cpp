@@ -147,11 +147,14 @@ void release(const std::shared_ptr<Sock> &s) {
 // them fail with ECONNRESET, and its close leaves the parent's connection alone. A
 // connection still pending is negotiated by whichever process uses it first, with its own QP.
 void mark_inherited() {
+  stats_after_fork();
   for (auto &kv : *tab) {
     Sock &s = *kv.second;
     if (!s.link.qp) continue;
     s.inherited = true;
     if (!s.error) s.error = ECONNRESET;
+    // Its line in this process counts what this process moved over it: nothing.
+    s.stats.bcopy_tx = s.stats.bcopy_rx = s.stats.zcopy_tx = s.stats.zcopy_rx = 0;
   }
 }
 

@@ -230,6 +230,8 @@ inline bool negotiating(const Sock &s) {
 std::shared_ptr<Sock> find_sock(int fd);
 void forget_sock(int fd);  // the socket stays on the kernel's TCP: the layer lets go of it
 void write_stats(Sock &s);
+// In a fork()ed child: its totals (the line written at exit) start from zero.
+void stats_after_fork();
 // A connection went SDP: make sure the process's exit closes such connections as TCP's would.
 void note_sdp_connection();
 

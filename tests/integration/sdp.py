@@ -121,6 +121,30 @@ def sdp_launcher():
 CONN_RE = re.compile(r"^conn pid=(\d+) prog=(.*?) role=(\S+) path=(\S+) reason=(\S+)"
                      r"((?: \w+=\S*)*)\s*$")
 BYTE_KEYS = ("bcopy_tx", "bcopy_rx", "zcopy_tx", "zcopy_rx")
+# total pid=<pid> prog=<comm> conns=<n> sdp=<n> tcp=<n> bcopy_tx=.. bcopy_rx=.. zcopy_tx=..
+#   zcopy_rx=.. tcp_reasons=<reason>:<n>[,...]|-      (one per process, at exit)
+TOTAL_RE = re.compile(r"^total pid=(\d+) prog=(.*?) conns=(\d+) sdp=(\d+) tcp=(\d+)"
+                      r" bcopy_tx=(\d+) bcopy_rx=(\d+) zcopy_tx=(\d+) zcopy_rx=(\d+)"
+                      r" tcp_reasons=(\S+)\s*$")
+
+
+def parse_total_line(line):
+    """A dict of a total line's fields, or None if it is not a well-formed one."""
+    m = TOTAL_RE.match(line)
+    if not m:
+        return None
+    total = {"pid": int(m.group(1)), "prog": m.group(2), "conns": int(m.group(3)),
+             "sdp": int(m.group(4)), "tcp": int(m.group(5))}
+    for i, key in enumerate(BYTE_KEYS):
+        total[key] = int(m.group(6 + i))
+    total["tcp_reasons"] = {}
+    if m.group(10) != "-":
+        for item in m.group(10).split(","):
+            why, _, n = item.rpartition(":")
+            if not why or not n.isdigit():
+                return None
+            total["tcp_reasons"][why] = int(n)
+    return total
 
 
 def parse_conn_line(line):
@@ -157,11 +181,24 @@ class SdpStats:
     def conns(self):
         conns = []
         for line in self.raw():
+            if line.startswith("total "):
+                continue  # totals(): checked against these lines by check_totals()
             conn = parse_conn_line(line)
             if conn is None:
                 fail(f"{self.name}: malformed line in {self.path} (PCIENTB_SDP_STATS): {line!r}")
             conns.append(conn)
         return conns
+
+    def totals(self):
+        totals = []
+        for line in self.raw():
+            if not line.startswith("total "):
+                continue
+            total = parse_total_line(line)
+            if total is None:
+                fail(f"{self.name}: malformed total line in {self.path}: {line!r}")
+            totals.append(total)
+        return totals
 
     def summary(self, conns):
         paths = {}
@@ -169,7 +206,8 @@ class SdpStats:
             key = c["path"] if c["path"] == "sdp" else f"{c['path']}({c['reason']})"
             paths[key] = paths.get(key, 0) + 1
         return " ".join([f"{len(conns)} conns"] + [f"{k}={v}" for k, v in sorted(paths.items())]
-                        + [f"{k}={sum(c[k] for c in conns)}" for k in BYTE_KEYS])
+                        + [f"{k}={sum(c[k] for c in conns)}" for k in BYTE_KEYS]
+                        + [f"total_lines={len(self.totals())}"])
 
 
 def _report(problems, stats, proc=None):
@@ -185,6 +223,38 @@ def _report(problems, stats, proc=None):
     if proc is not None:
         proc.dump()
     fail(msg)
+
+
+def totals_problems(stats, conns, proc=None):
+    """Each process's total line (written at exit) against its conn lines: one line per
+    process, whose counts and sums are those of its lines. `proc`, when it exited
+    normally and wrote conn lines, must have written one."""
+    problems = []
+    by_pid = {}
+    for t in stats.totals():
+        if t["pid"] in by_pid:
+            problems.append(f"pid {t['pid']}: two total lines")
+        by_pid[t["pid"]] = t
+    for pid, t in by_pid.items():
+        mine = [c for c in conns if c["pid"] == pid]
+        want = {"conns": len(mine), "sdp": sum(c["path"] == "sdp" for c in mine),
+                "tcp": sum(c["path"] != "sdp" for c in mine)}
+        for key in BYTE_KEYS:
+            want[key] = sum(c[key] for c in mine)
+        reasons = {}
+        for c in mine:
+            if c["path"] != "sdp":
+                reasons[c["reason"]] = reasons.get(c["reason"], 0) + 1
+        bad = [f"{k}={t[k]} (lines: {v})" for k, v in want.items() if t[k] != v]
+        if t["tcp_reasons"] != reasons:
+            bad.append(f"tcp_reasons={t['tcp_reasons']} (lines: {reasons})")
+        if bad:
+            problems.append(f"pid {pid} total line disagrees with its conn lines: "
+                            + ", ".join(bad))
+    if (proc is not None and proc.rc == 0 and proc.pid not in by_pid
+            and any(c["pid"] == proc.pid for c in conns)):
+        problems.append(f"{proc.name} (pid {proc.pid}) exited without its total line")
+    return problems
 
 
 def check_sdp(stats, *, conns=1, tx=0, rx=0, zcopy=False, required=True, proc=None,
@@ -216,6 +286,7 @@ def check_sdp(stats, *, conns=1, tx=0, rx=0, zcopy=False, required=True, proc=No
         for key in ("zcopy_tx", "zcopy_rx"):
             if sum(c[key] for c in sdp) == 0:
                 problems.append(f"{key}=0: no ZCopy transfer")
+    problems += totals_problems(stats, got, proc)
     _report(problems, stats, proc)
     return got
 
@@ -237,6 +308,7 @@ def check_tcp(stats, reasons, *, conns=1, proc=None):
         if c["tx"] or c["rx"]:
             problems.append(f"a path={c['path']} connection with BCopy/ZCopy bytes "
                             f"(tx={c['tx']} rx={c['rx']})")
+    problems += totals_problems(stats, got, proc)
     _report(problems, stats, proc)
     return got
 
@@ -990,6 +1062,28 @@ def case_selftest():
     rejects(check_tcp, stats([sdp]), {"ok"})
     rejects(check_tcp, stats([]), {"peer_no_sdp"})
     rejects(check_tcp, stats([tcp.replace("bcopy_tx=0", "bcopy_tx=5")]), {"peer_no_sdp"})
+    # Total lines: what each process's conn lines add up to.
+    total = ("total pid=10 prog=iperf3 conns=2 sdp=1 tcp=1 bcopy_tx=1000 bcopy_rx=10 "
+             "zcopy_tx=500 zcopy_rx=0 tcp_reasons=peer_no_sdp:1")
+    t = parse_total_line(total)
+    if not t or t["conns"] != 2 or t["tcp_reasons"] != {"peer_no_sdp": 1}:
+        fail(f"parse_total_line({total!r}) = {t}")
+    if totals_problems(stats([sdp, tcp, total]), stats([sdp, tcp]).conns()):
+        fail("a total line that agrees with its conn lines was refused")
+    for wrong in (total.replace("conns=2", "conns=3"), total.replace("zcopy_tx=500", "zcopy_tx=5"),
+                  total.replace("peer_no_sdp:1", "rule:1"), total.replace("pid=10", "pid=11")):
+        conns = stats([sdp, tcp]).conns()
+        if not totals_problems(stats([sdp, tcp, wrong]), conns):
+            fail(f"a wrong total line passed: {wrong!r}")
+    if not totals_problems(stats([sdp, tcp, total, total]), stats([sdp, tcp]).conns()):
+        fail("two total lines of one process passed")
+    rejects(stats([sdp, total.replace("tcp_reasons=peer_no_sdp:1", "tcp_reasons=")]).totals)
+
+    class Exited:
+        name, pid, rc = "client", 10, 0
+
+    if not totals_problems(stats([sdp]), stats([sdp]).conns(), Exited()):
+        fail("a process that exited normally without its total line passed")
     # The streams: what one side writes the other checks, and a changed byte shows.
     path = os.path.join(d, "stream")
     total = stream_total(7, msgs=1000)
