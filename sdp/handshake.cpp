@@ -290,7 +290,7 @@ namespace {
 
 // Client, first use: the QP and Hello.
 void send_hello(Sock &s) {
-  if (!link_create(s.link)) {
+  if (!link_create(s.link, &s.sleepers)) {
     int e = errno;
     logf("fd %d: verbs setup failed: %s", s.fd, strerror(e));
     send_msg(s, kAbandon, e);  // the server waits for a message: tell it
@@ -321,7 +321,7 @@ void take_hello(Sock &s, const HsMsg &m) {
     stay_tcp(s, "other_user");
     return;
   }
-  if (!link_create(s.link) || !(s.link.remote = m.info, link_connect(s.link))) {
+  if (!link_create(s.link, &s.sleepers) || !(s.link.remote = m.info, link_connect(s.link))) {
     int e = errno;
     logf("fd %d: verbs setup failed: %s", s.fd, strerror(e));
     send_msg(s, kDecline, e);

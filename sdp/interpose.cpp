@@ -162,7 +162,7 @@ void mark_inherited() {
 // After it, the socket is SDP, or untracked (TCP).
 bool settle(const std::shared_ptr<Sock> &s) {
   if (s->state == State::kSdp) return true;
-  std::lock_guard<std::mutex> lk(s->mu);
+  std::lock_guard<SockMutex> lk(s->mu);
   return handshake_progress(*s, !s->nonblocking);
 }
 
@@ -229,8 +229,11 @@ void close_all_at_exit() {
   }
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());  // dup'd descriptors: once
-  for (auto &s : all)
-    if (s->state == State::kSdp && !s->inherited) stream_close(*s);
+  for (auto &s : all) {
+    if (s->state != State::kSdp || s->inherited) continue;
+    multiplex_forget(*s, false);  // before its link goes: an epoll scan may look at it
+    stream_close(*s);
+  }
 }
 
 pid_t exit_handler_pid = 0;
@@ -564,7 +567,7 @@ SDP_EXPORT int ioctl(int fd, unsigned long req, ...) {
   if (s && req == FIONREAD && sdp_like(*s)) {
     // Negotiating: the kernel holds handshake bytes, none of the program's yet.
     if (negotiating(*s)) {
-      std::lock_guard<std::mutex> lk(s->mu);
+      std::lock_guard<SockMutex> lk(s->mu);
       handshake_progress(*s, false);
     }
     if (s->state == State::kSdp || negotiating(*s)) {
@@ -620,7 +623,7 @@ SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
     if (name == PCIENTB_SDP_STATS && *len >= sizeof(pcientb_sdp_stats)) {
       pcientb_sdp_stats st{PCIENTB_SDP_PATH_TCP, 0, 0, 0, 0, 0};
       if (s) {
-        std::lock_guard<std::mutex> lk(s->mu);
+        std::lock_guard<SockMutex> lk(s->mu);
         st = s->stats;
       }
       memcpy(val, &st, sizeof st);
@@ -632,7 +635,7 @@ SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
   }
   if (s && s->state == State::kSdp && level == SOL_SOCKET && name == SO_ERROR && val && len &&
       *len >= sizeof(int)) {
-    std::lock_guard<std::mutex> lk(s->mu);
+    std::lock_guard<SockMutex> lk(s->mu);
     *static_cast<int *>(val) = s->error;
     *len = sizeof(int);
     return 0;

@@ -1,25 +1,49 @@
 // Verbs resources of one SDP connection: one RC QP and CQ with a completion channel, the
 // receive ring the peer writes into, the mirror this side stages its writes in, and the ack
 // slot. Public verbs API only: the provider is one of the layer's users, nothing more.
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <new>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "sdp.hpp"
 
 namespace sdp {
+
+struct Inbox {
+  std::vector<ibv_wc> wcs;        // under the group's mu
+  std::atomic<bool> news{false};  // wcs is not empty: read without the lock (hints)
+  std::atomic<int> *sleepers = nullptr;
+  int kick_fd = -1;
+};
+
+struct CqGroup {
+  ibv_comp_channel *channel = nullptr;
+  ibv_cq *cq = nullptr;
+  int (*pending)(ibv_cq *) = nullptr;
+  uint32_t links = 0;  // under groups_mu
+  std::mutex mu;
+  std::unordered_map<uint32_t, Inbox *> by_qpn;
+};
+
 namespace {
 
 struct Device {
   ibv_context *ctx = nullptr;
   ibv_pd *pd = nullptr;
+  int (*cq_pending)(ibv_cq *) = nullptr;  // the provider's hint (pcientb.h), if it has one
   uint16_t lid = 0;
   ibv_mtu mtu = IBV_MTU_4096;
   uint8_t gid[16]{};
@@ -42,6 +66,17 @@ constexpr size_t kPoolMax = 16;  // 16 x (2 rings + 4 KiB): 32 MiB at the defaul
 std::mutex pool_mu;
 std::vector<Buffers> *pool = nullptr;
 
+// Links share CQs, kLinksPerGroup to one: an event loop with many connections finds the
+// ones with news by polling a few CQs, not one per connection (the CQ lines of many
+// connections, each a cache miss, cost more than the rest of a small request). What a poll
+// takes goes to each link's inbox; the owner handles it under its socket's lock. Groups
+// live as long as the process: an epoll set may still watch a group's channel.
+constexpr uint32_t kLinksPerGroup = 8;
+constexpr int kGroupCqe = int(kLinksPerGroup * (1024 + 512 + 16));  // send + recv depths
+
+std::mutex groups_mu;
+std::vector<CqGroup *> *groups = nullptr;
+
 void unmap(const Buffers &b) {
   if (b.ring) munmap(b.ring, b.ring_bytes);
   if (b.mirror) munmap(b.mirror, b.ring_bytes);
@@ -50,8 +85,63 @@ void unmap(const Buffers &b) {
 
 void forget_device_in_child() {
   dev = nullptr;
-  pool = nullptr;  // the parent's buffers: left mapped, never reused here
+  pool = nullptr;                 // the parent's buffers: left mapped, never reused here
+  groups = nullptr;               // the parent's CQs: its inherited sockets never poll them
+  new (&groups_mu) std::mutex();  // another thread may have held it at fork()
 }  // the parent's context is not the child's
+
+// Takes what the group's CQ holds into the inboxes (g.mu held). A link gone meanwhile
+// loses its entries; an owner asleep is woken.
+void dispatch(CqGroup &g) {
+  ibv_wc wc[32];
+  for (;;) {
+    int n = ibv_poll_cq(g.cq, 32, wc);
+    if (n <= 0) return;
+    for (int i = 0; i < n; ++i) {
+      auto it = g.by_qpn.find(wc[i].qp_num);
+      if (it == g.by_qpn.end()) continue;
+      Inbox &box = *it->second;
+      box.wcs.push_back(wc[i]);
+      if (!box.news.exchange(true, std::memory_order_release) && box.sleepers &&
+          box.sleepers->load(std::memory_order_acquire) > 0) {
+        uint64_t one = 1;
+        (void)!syscall(SYS_write, box.kick_fd, &one, sizeof one);
+      }
+    }
+  }
+}
+
+// A group with room for one more link, with its CQ and channel; nullptr (errno) if none.
+CqGroup *join_group(Device *d) {
+  std::lock_guard<std::mutex> lk(groups_mu);
+  if (!groups) groups = new std::vector<CqGroup *>();
+  for (CqGroup *g : *groups)
+    if (g->links < kLinksPerGroup) {
+      ++g->links;
+      return g;
+    }
+  auto *g = new CqGroup();
+  g->pending = d->cq_pending;
+  g->channel = ibv_create_comp_channel(d->ctx);
+  if (!g->channel) {
+    delete g;
+    return nullptr;
+  }
+  // Wakeups are consumed without blocking (several waiters may race for one).
+  fcntl(g->channel->fd, F_SETFL, fcntl(g->channel->fd, F_GETFL) | O_NONBLOCK);
+  fcntl(g->channel->fd, F_SETFD, FD_CLOEXEC);
+  g->cq = ibv_create_cq(d->ctx, kGroupCqe, nullptr, g->channel, 0);
+  if (!g->cq) {
+    int e = errno;
+    ibv_destroy_comp_channel(g->channel);
+    delete g;
+    errno = e;
+    return nullptr;
+  }
+  g->links = 1;
+  groups->push_back(g);
+  return g;
+}
 
 Device *device() {
   std::lock_guard<std::mutex> lk(dev_mu);
@@ -79,6 +169,11 @@ Device *device() {
     dev->ctx = nullptr;
     return nullptr;
   }
+  // Loaded by libibverbs, not linked: found by name, as pcientb.h says.
+  if (void *lib = dlopen("libpcientb-rdmav34.so", RTLD_NOW | RTLD_NOLOAD)) {
+    dev->cq_pending = reinterpret_cast<int (*)(ibv_cq *)>(dlsym(lib, "pcientb_cq_pending"));
+    dlclose(lib);  // it stays: libibverbs holds it
+  }
   dev->lid = pa.lid;
   dev->mtu = pa.active_mtu;
   memcpy(dev->gid, g.raw, 16);
@@ -92,7 +187,7 @@ void *map_buffer(size_t len) {
 
 }  // namespace
 
-bool link_create(Link &l) {
+bool link_create(Link &l, std::atomic<int> *sleepers) {
   Device *d = device();
   if (!d) {
     errno = ENODEV;
@@ -125,15 +220,15 @@ bool link_create(Link &l) {
   l.mirror_mr = ibv_reg_mr(d->pd, l.mirror, l.ring_bytes, IBV_ACCESS_LOCAL_WRITE);
   l.ack_mr = ibv_reg_mr(d->pd, l.ack, 4096, acc);
   if (!l.ring_mr || !l.mirror_mr || !l.ack_mr) return false;
-  l.channel = ibv_create_comp_channel(d->ctx);
-  if (!l.channel) return false;
-  // Wakeups are consumed without blocking (several waiters may race for one).
-  fcntl(l.channel->fd, F_SETFL, fcntl(l.channel->fd, F_GETFL) | O_NONBLOCK);
-  fcntl(l.channel->fd, F_SETFD, FD_CLOEXEC);
   l.kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (l.kick_fd < 0) return false;
-  l.cq = ibv_create_cq(d->ctx, int(l.send_depth + l.recv_depth + 16), nullptr, l.channel, 0);
-  if (!l.cq) return false;
+  l.group = join_group(d);
+  if (!l.group) return false;
+  l.channel = l.group->channel;
+  l.cq = l.group->cq;
+  l.inbox = new Inbox();
+  l.inbox->sleepers = sleepers;
+  l.inbox->kick_fd = l.kick_fd;
   ibv_qp_init_attr qa{};
   qa.send_cq = qa.recv_cq = l.cq;
   qa.qp_type = IBV_QPT_RC;
@@ -144,6 +239,10 @@ bool link_create(Link &l) {
   qa.cap.max_inline_data = 256;
   l.qp = ibv_create_qp(d->pd, &qa);
   if (!l.qp) return false;
+  {
+    std::lock_guard<std::mutex> lk(l.group->mu);
+    l.group->by_qpn[l.qp->qp_num] = l.inbox;
+  }
   l.max_inline = qa.cap.max_inline_data;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
@@ -188,6 +287,51 @@ bool link_post_recvs(Link &l, uint32_t n) {
     n -= k;
   }
   return true;
+}
+
+int link_poll(Link &l, ibv_wc *wc, int max) {
+  if (!l.group) return 0;
+  CqGroup &g = *l.group;
+  std::lock_guard<std::mutex> lk(g.mu);
+  dispatch(g);
+  Inbox &box = *l.inbox;
+  int n = std::min<int>(max, int(box.wcs.size()));
+  std::copy(box.wcs.begin(), box.wcs.begin() + n, wc);
+  box.wcs.erase(box.wcs.begin(), box.wcs.begin() + n);
+  if (box.wcs.empty()) box.news.store(false, std::memory_order_relaxed);
+  return n;
+}
+
+void link_dispatch_all() {
+  std::vector<CqGroup *> all;
+  {
+    std::lock_guard<std::mutex> lk(groups_mu);
+    if (groups) all = *groups;
+  }
+  for (CqGroup *g : all) {
+    if (g->pending && !g->pending(g->cq)) continue;  // one line for the group's links
+    std::lock_guard<std::mutex> lk(g->mu);
+    dispatch(*g);
+  }
+}
+
+void link_drain_channel(int channel_fd) {
+  CqGroup *g = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(groups_mu);
+    for (CqGroup *c : groups ? *groups : std::vector<CqGroup *>())
+      if (c->channel->fd == channel_fd) g = c;
+  }
+  if (!g) return;
+  ibv_cq *cq;
+  void *ctx;
+  unsigned n = 0;
+  while (ibv_get_cq_event(g->channel, &cq, &ctx) == 0) ++n;
+  if (n) ibv_ack_cq_events(g->cq, n);
+}
+
+bool link_has_news(const Link &l) {
+  return !l.inbox || l.inbox->news.load(std::memory_order_acquire);
 }
 
 bool link_connect(Link &l) {
@@ -236,9 +380,19 @@ bool link_connect(Link &l) {
 }
 
 void link_destroy(Link &l) {
+  const uint32_t qpn = l.qp ? l.qp->qp_num : 0;
   if (l.qp) ibv_destroy_qp(l.qp);
-  if (l.cq) ibv_destroy_cq(l.cq);
-  if (l.channel) ibv_destroy_comp_channel(l.channel);
+  if (l.group) {
+    {
+      // What the CQ still holds of this QP goes now: a later QP may get its number.
+      std::lock_guard<std::mutex> lk(l.group->mu);
+      dispatch(*l.group);
+      if (l.qp) l.group->by_qpn.erase(qpn);
+    }
+    std::lock_guard<std::mutex> lk(groups_mu);
+    --l.group->links;
+  }
+  delete l.inbox;
   if (l.kick_fd >= 0) real().close(l.kick_fd);
   if (l.ring_mr) ibv_dereg_mr(l.ring_mr);
   if (l.mirror_mr) ibv_dereg_mr(l.mirror_mr);

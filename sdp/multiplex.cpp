@@ -39,13 +39,13 @@ int64_t now_ns() {
 
 // Readiness of a socket the layer holds, as poll reports it; -1 when the kernel now serves
 // it (it stayed on TCP).
-int sock_revents(const std::shared_ptr<Sock> &s, short events) {
+int sock_revents(const std::shared_ptr<Sock> &s, short events, uint64_t *changes = nullptr) {
   if (negotiating(*s)) {
-    std::lock_guard<std::mutex> lk(s->mu);
+    std::lock_guard<SockMutex> lk(s->mu);
     handshake_progress(*s, false);
   }
   if (s->state != State::kSdp) return sdp_like(*s) ? 0 : -1;
-  return stream_poll(*s) & (events | POLLERR | POLLHUP | POLLNVAL);
+  return stream_poll(*s, changes) & (events | POLLERR | POLLHUP | POLLNVAL);
 }
 
 // A wait's end: deadline_ns < 0 waits for ever.
@@ -235,11 +235,15 @@ struct Reg {
   bool watched_link = false;  // its channel and kick are in the kernel set
   uint32_t last = 0;          // edge-triggered: what was reported and still holds
   uint64_t rx_seen = 0, tx_seen = 0;
+  int channel_fd = -1;        // its CQ group's channel, counted in EpSet::channels
+  bool idle = false;          // found with nothing to report ...
+  uint64_t idle_changes = 0;  // ... when its lock had been released this many times
 };
 
 struct EpSet {
   std::mutex mu;
-  std::map<int, Reg> regs;  // by the program's descriptor
+  std::map<int, Reg> regs;      // by the program's descriptor
+  std::map<int, int> channels;  // CQ group channels in the kernel set: registrations using each
   // Written when a registration of the layer's is added or re-armed: a thread asleep in the
   // kernel on this set looks again (the kernel saw no change of its own).
   int wake_fd = -1;
@@ -276,9 +280,10 @@ std::shared_ptr<EpSet> find_set(int epfd, bool create) {
   return set;
 }
 
-// Moves a registration to the layer: the kernel watches the socket's own descriptor and
-// its completion channel for it.
-void watch(int epfd, int fd, Reg &reg) {
+// Moves a registration to the layer: the kernel watches the socket's own descriptor, its
+// kick, and its CQ group's channel for it (the channel once per set, however many of the
+// set's sockets share it).
+void watch(int epfd, EpSet &set, int fd, Reg &reg) {
   if (reg.kernel) {
     real().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
     reg.kernel = false;
@@ -288,9 +293,13 @@ void watch(int epfd, int fd, Reg &reg) {
   ev.data.u64 = tag(fd, 0);
   real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->fd, &ev);
   if (reg.s->link.channel) {
-    ev.events = EPOLLIN;
-    ev.data.u64 = tag(fd, 1);
-    real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->link.channel->fd, &ev);
+    const int ch = reg.s->link.channel->fd;
+    reg.channel_fd = ch;
+    if (set.channels[ch]++ == 0) {
+      ev.events = EPOLLIN;
+      ev.data.u64 = tag(ch, 1);
+      real().epoll_ctl(epfd, EPOLL_CTL_ADD, ch, &ev);
+    }
   }
   if (reg.s->link.kick_fd >= 0) {
     ev.events = EPOLLIN;
@@ -300,72 +309,102 @@ void watch(int epfd, int fd, Reg &reg) {
   reg.watched_link = reg.s->link.channel != nullptr;
 }
 
-void unwatch(int epfd, Reg &reg) {
+void unwatch(int epfd, EpSet &set, Reg &reg) {
   if (reg.kernel) return;
   real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->fd, nullptr);
-  if (reg.s->link.channel) real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->link.channel->fd, nullptr);
+  if (reg.channel_fd >= 0) {
+    auto it = set.channels.find(reg.channel_fd);
+    if (it != set.channels.end() && --it->second == 0) {
+      real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.channel_fd, nullptr);
+      set.channels.erase(it);
+    }
+    reg.channel_fd = -1;
+  }
   if (reg.s->link.kick_fd >= 0) real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->link.kick_fd, nullptr);
 }
 
-// The registrations that are ready, as the program asked for them.
-int scan(int epfd, EpSet &set, epoll_event *out, int max) {
+// The registrations that are ready, as the program asked for them. `full`: look at every
+// one; else skip an SDP socket found idle before when nothing may have changed since (its
+// lock not taken since then, nothing in its CQ): a server with many connections pays for
+// those with news, not for all of them. A sleeper looks at every one after arming.
+int scan(int epfd, EpSet &set, epoll_event *out, int max, bool full) {
   // Copies, not pointers: another thread may change or remove a registration while this one
   // looks at the socket (without the set's lock, which is never held while taking a socket's).
   struct Todo {
     int fd;
     std::shared_ptr<Sock> s;
     uint32_t events;
+    int r = 0;
+    uint64_t changes = 0;  // the socket's, as its evaluation left it
+    uint64_t rx = 0, tx = 0;
   };
-  std::vector<Todo> todo;
+  static thread_local std::vector<Todo> todo;
+  todo.clear();
+  if (!full) link_dispatch_all();  // news of every link, from a few CQs
   std::vector<int> fallen;
   {
     std::lock_guard<std::mutex> lk(set.mu);
     for (auto &[fd, reg] : set.regs) {
-      if (sdp_like(*reg.s) && reg.kernel) watch(epfd, fd, reg);  // it became SDP meanwhile
+      if (sdp_like(*reg.s) && reg.kernel) watch(epfd, set, fd, reg);  // it became SDP meanwhile
       if (!reg.kernel && !reg.watched_link && reg.s->link.channel) {
         // Registered while negotiating: its channel and kick exist now.
         real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->fd, nullptr);
-        watch(epfd, fd, reg);
+        watch(epfd, set, fd, reg);
       }
-      if (!reg.kernel && !reg.disabled) todo.push_back({fd, reg.s, reg.events});
+      if (reg.kernel || reg.disabled) continue;
+      // Safe without the socket's lock: its link goes only after close took the
+      // registration out of this set, under the set's lock held here.
+      const Sock &s = *reg.s;
+      if (!full && reg.idle && s.state == State::kSdp && !s.inherited &&
+          s.mu.changes() == reg.idle_changes && !link_has_news(s.link))
+        continue;
+      todo.push_back({fd, reg.s, reg.events});
+    }
+  }
+  for (Todo &t : todo) {
+    t.r = sock_revents(t.s, short(t.events), &t.changes);
+    if (t.r >= 0 && (t.events & EPOLLET)) {
+      std::lock_guard<SockMutex> sl(t.s->mu);
+      t.rx = t.s->rx_produced + t.s->fin_arrived + uint64_t(t.s->error);
+      t.tx = t.s->peer_consumed;
+      ++t.changes;  // this lock's release
     }
   }
   int n = 0;
-  for (const Todo &t : todo) {
-    if (n >= max) break;
-    int r = sock_revents(t.s, short(t.events));
-    if (r < 0) {
-      fallen.push_back(t.fd);
-      continue;
-    }
-    uint64_t rx = 0, tx = 0;
-    if (t.events & EPOLLET) {
-      std::lock_guard<std::mutex> sl(t.s->mu);
-      rx = t.s->rx_produced + t.s->fin_arrived + uint64_t(t.s->error);
-      tx = t.s->peer_consumed;
-    }
+  {
     std::lock_guard<std::mutex> lk(set.mu);
-    auto it = set.regs.find(t.fd);
-    if (it == set.regs.end() || it->second.s != t.s || it->second.disabled || it->second.kernel)
-      continue;  // removed, replaced, or taken by another thread (oneshot) meanwhile
-    Reg &reg = it->second;
-    uint32_t ev = uint32_t(r) & (reg.events | EPOLLERR | EPOLLHUP);
-    if (reg.events & EPOLLET) {
-      reg.last &= ev;  // a condition that ended may be reported again when it comes back
-      uint32_t fresh = ev & ~reg.last;
-      if ((ev & EPOLLIN) && rx != reg.rx_seen) fresh |= EPOLLIN;
-      if ((ev & EPOLLOUT) && tx != reg.tx_seen) fresh |= EPOLLOUT;
-      reg.rx_seen = rx;
-      reg.tx_seen = tx;
-      reg.last |= ev;
-      ev = fresh;
+    for (const Todo &t : todo) {
+      if (n >= max) break;
+      if (t.r < 0) {
+        fallen.push_back(t.fd);
+        continue;
+      }
+      auto it = set.regs.find(t.fd);
+      if (it == set.regs.end() || it->second.s != t.s || it->second.disabled || it->second.kernel)
+        continue;  // removed, replaced, or taken by another thread (oneshot) meanwhile
+      Reg &reg = it->second;
+      uint32_t ev = uint32_t(t.r) & (reg.events | EPOLLERR | EPOLLHUP);
+      // Nothing to report, and nothing will be until the socket changes: skipped until then.
+      reg.idle = ev == 0 && t.s->state == State::kSdp;
+      reg.idle_changes = t.changes;
+      if (reg.events & EPOLLET) {
+        reg.last &= ev;  // a condition that ended may be reported again when it comes back
+        uint32_t fresh = ev & ~reg.last;
+        if ((ev & EPOLLIN) && t.rx != reg.rx_seen) fresh |= EPOLLIN;
+        if ((ev & EPOLLOUT) && t.tx != reg.tx_seen) fresh |= EPOLLOUT;
+        reg.rx_seen = t.rx;
+        reg.tx_seen = t.tx;
+        reg.last |= ev;
+        ev = fresh;
+      }
+      if (!ev) continue;
+      out[n].events = ev;
+      out[n].data = reg.data;
+      ++n;
+      if (reg.events & EPOLLONESHOT) reg.disabled = true;
     }
-    if (!ev) continue;
-    out[n].events = ev;
-    out[n].data = reg.data;
-    ++n;
-    if (reg.events & EPOLLONESHOT) reg.disabled = true;
   }
+  todo.clear();  // the sockets' references go now, not at the next call
   if (!fallen.empty()) {
     // It stayed on TCP: the kernel takes the registration as the program made it.
     std::lock_guard<std::mutex> lk(set.mu);
@@ -405,7 +444,7 @@ int take_kernel(int epfd, EpSet &set, epoll_event *k, int kn, epoll_event *out, 
       // Its end stays readable for good: the stream reports it from now on (level).
       if (s->peer_gone) real().epoll_ctl(epfd, EPOLL_CTL_DEL, s->fd, nullptr);
     }
-    if (s && kind == 1) stream_drain_channel(*s);
+    if (kind == 1) link_drain_channel(fd);  // fd: the channel's own
     if (s && kind == 2) stream_take_kick(*s);
   }
   return n;
@@ -437,7 +476,7 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     }
   }
   for (;;) {
-    int n = scan(epfd, *set, out, max);
+    int n = scan(epfd, *set, out, max, false);
     if (n < max) {
       // Never more than the caller can take: what the kernel hands over leaves its ready list
       // (edge-triggered and oneshot events of other descriptors would be lost).
@@ -460,7 +499,7 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     // Counted as asleep before arming: a wakeup another thread takes from now on kicks.
     for (auto &s : armed) ++s->sleepers;
     for (auto &s : armed) stream_arm(*s);
-    n = scan(epfd, *set, out, max);
+    n = scan(epfd, *set, out, max, true);
     if (n) {
       for (auto &s : armed) --s->sleepers;
       return n;
@@ -495,7 +534,7 @@ void multiplex_forget(Sock &s, bool program_keeps_fd) {
         continue;
       }
       if (!it->second.kernel) {
-        unwatch(epfd, it->second);
+        unwatch(epfd, *set, it->second);
         if (program_keeps_fd) {
           epoll_event ev{it->second.events, it->second.data};
           real().epoll_ctl(epfd, EPOLL_CTL_ADD, it->first, &ev);
@@ -584,7 +623,7 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
       return 0;
     }
     auto &placed = set->regs.emplace(fd, std::move(reg)).first->second;
-    watch(epfd, fd, placed);
+    watch(epfd, *set, fd, placed);
     wake_sleepers(*set);  // it may be ready already
     return 0;
   }
@@ -596,7 +635,7 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     if (it->second.kernel)
       real().epoll_ctl(epfd, op, fd, ev);
     else
-      unwatch(epfd, it->second);
+      unwatch(epfd, *set, it->second);
     set->regs.erase(it);
     return 0;
   }

@@ -70,9 +70,14 @@ struct AckBlock {
   uint64_t reserved[2];
 };
 
+struct CqGroup;
+struct Inbox;
+
 struct Link {
-  ibv_comp_channel *channel = nullptr;
-  ibv_cq *cq = nullptr;
+  CqGroup *group = nullptr;             // the CQ and channel it shares with other links (link.cpp)
+  Inbox *inbox = nullptr;               // its completions, taken from the group's CQ
+  ibv_comp_channel *channel = nullptr;  // the group's
+  ibv_cq *cq = nullptr;                 // the group's: poll it through link_poll() only
   ibv_qp *qp = nullptr;
   char *ring = nullptr;  // this side's receive ring (the peer writes into it)
   ibv_mr *ring_mr = nullptr;
@@ -89,12 +94,23 @@ struct Link {
   LinkInfo remote{};
 };
 
-// Creates the QP, CQ, channel and buffers; fills link.local. False (errno set) on failure.
-bool link_create(Link &link);
+// Creates the QP and buffers, joins a CQ group; fills link.local. False (errno set) on
+// failure. `sleepers`: the owner's count of threads asleep on it (woken by its kick when
+// another thread takes its completions from the shared CQ).
+bool link_create(Link &link, std::atomic<int> *sleepers);
 // Moves the QP to RTS toward link.remote and posts the receives.
 bool link_connect(Link &link);
 void link_destroy(Link &link);
 bool link_post_recvs(Link &link, uint32_t n);
+// Up to max completions of this link (polling the group's CQ for all its links).
+int link_poll(Link &link, ibv_wc *wc, int max);
+// Takes what every group's CQ holds into the links' inboxes (CQs that the provider says are
+// empty are not polled).
+void link_dispatch_all();
+// Consumes the wakeups of the group whose completion channel is channel_fd (non-blocking).
+void link_drain_channel(int channel_fd);
+// Whether the link's inbox holds completions, without a lock (true if it has none yet).
+bool link_has_news(const Link &link);
 // Registers user memory for one zero-copy transfer (the provider caches what it moved, so
 // registering the same buffer again is cheap; a cache here would go stale when the program
 // frees and maps again at the same address).
@@ -107,7 +123,8 @@ struct Sock;
 ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags);
 ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags);
 // Readiness as poll() reports it (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR), after progress.
-short stream_poll(Sock &s);
+// *changes: s.mu.changes() as this call left it (see SockMutex).
+short stream_poll(Sock &s, uint64_t *changes = nullptr);
 // Arms the completion channel so that the next arrival wakes a sleeper; false if something
 // arrived meanwhile (do not sleep).
 bool stream_arm(Sock &s);
@@ -151,10 +168,29 @@ enum class State {
   kSdp,
 };
 
+// A socket's lock, counting its releases: whoever saw the socket idle (epoll's scan) knows
+// without the lock whether anything may have changed since. The count is written under the
+// lock (a plain store): the data path pays no locked instruction for it.
+class SockMutex {
+ public:
+  void lock() { m_.lock(); }
+  bool try_lock() { return m_.try_lock(); }
+  void unlock() {
+    changes_.store(changes_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    m_.unlock();
+  }
+  uint64_t changes() const { return changes_.load(std::memory_order_acquire); }
+
+ private:
+  std::mutex m_;
+  std::atomic<uint64_t> changes_{0};
+};
+using SockLock = std::unique_lock<SockMutex>;
+
 struct Sock : std::enable_shared_from_this<Sock> {
   explicit Sock(int fd_, int domain_) : fd(fd_), domain(domain_) {}
   ~Sock();
-  std::mutex mu;
+  SockMutex mu;
   // The layer's own descriptor of the kernel TCP socket (a dup of the program's): the
   // program may dup and close its descriptors in any order. It gives addresses and options,
   // carries the handshake, and says when the peer's process has gone.

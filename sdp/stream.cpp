@@ -179,7 +179,7 @@ void progress(Sock &s) {
   ibv_wc wc[32];
   uint32_t recvs = 0;
   for (;;) {
-    int n = ibv_poll_cq(l.cq, 32, wc);
+    int n = link_poll(l, wc, 32);
     if (n <= 0) break;
     for (int i = 0; i < n; ++i) {
       const ibv_wc &w = wc[i];
@@ -282,7 +282,7 @@ bool restart_after_signal() {
 // the call does not restart); EAGAIN when timeout_ns (> 0) passed; EBADF when another thread
 // closed the socket meanwhile.
 template <class Ready>
-int wait_until(Sock &s, std::unique_lock<std::mutex> &lk, Ready ready, int64_t timeout_ns = 0) {
+int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
   flush(s);
   const uint64_t start = now_ns();
   const uint64_t spin_end = start + uint64_t(config().spin_us) * 1000;
@@ -523,8 +523,7 @@ bool peer_src_at_head(const Sock &s) {
 // is cancelled (SrcAvailCancel) by a signal, and when the peer is itself blocked sending
 // zero copy to this side (both would wait for ever): the rest then goes BCopy.
 // Returns bytes the sink read, -2 when the buffer cannot be registered, -1/errno.
-ssize_t zcopy_send(Sock &s, std::unique_lock<std::mutex> &lk, void *buf, size_t len, int flags,
-                   bool *interrupted) {
+ssize_t zcopy_send(Sock &s, SockLock &lk, void *buf, size_t len, int flags, bool *interrupted) {
   ibv_mr *mr = reg_user(buf, len);
   if (!mr) return -2;
   const uint64_t seq = ++s.src_seq;
@@ -576,7 +575,7 @@ ssize_t closed_meanwhile() {
 }
 
 ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
-  std::unique_lock<std::mutex> lk(s.mu);
+  SockLock lk(s.mu);
   if (!s.link.qp) return closed_meanwhile();
   const bool block = !s.nonblocking && !(flags & MSG_DONTWAIT);
   if (s.fin_sent) {
@@ -646,8 +645,7 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
 namespace {
 
 // RDMA-READs up to `n` bytes of the SrcAvail at the ring's head into `dst`.
-ssize_t zcopy_read(Sock &s, std::unique_lock<std::mutex> &lk, const SrcAvail &sa, uint32_t off,
-                   char *dst, size_t n) {
+ssize_t zcopy_read(Sock &s, SockLock &lk, const SrcAvail &sa, uint32_t off, char *dst, size_t n) {
   ibv_mr *mr = reg_user(dst, n);
   if (!mr) return -1;
   ibv_sge sge{reinterpret_cast<uintptr_t>(dst), uint32_t(n), mr->lkey};
@@ -677,7 +675,7 @@ ssize_t zcopy_read(Sock &s, std::unique_lock<std::mutex> &lk, const SrcAvail &sa
 }
 
 // Delivers what the ring holds into `cur` (without consuming it when peek). Returns bytes.
-size_t deliver(Sock &s, std::unique_lock<std::mutex> &lk, IoCursor &cur, bool peek) {
+size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
   Link &l = s.link;
   const uint64_t mask = l.ring_bytes - 1;
   uint64_t pos = s.rx_pos;
@@ -759,7 +757,7 @@ size_t deliver(Sock &s, std::unique_lock<std::mutex> &lk, IoCursor &cur, bool pe
 }  // namespace
 
 ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
-  std::unique_lock<std::mutex> lk(s.mu);
+  SockLock lk(s.mu);
   if (!s.link.qp) return closed_meanwhile();
   if (s.inherited) {
     errno = ECONNRESET;
@@ -809,8 +807,9 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
   }
 }
 
-short stream_poll(Sock &s) {
-  std::unique_lock<std::mutex> lk(s.mu);
+short stream_poll(Sock &s, uint64_t *changes) {
+  SockLock lk(s.mu);
+  if (changes) *changes = s.mu.changes() + 1;  // with this call's own release
   if (!s.link.qp) return POLLNVAL;
   if (s.inherited) return POLLERR | POLLHUP;
   flush(s);
@@ -835,12 +834,12 @@ short stream_poll(Sock &s) {
 }
 
 void stream_check_peer(Sock &s) {
-  std::lock_guard<std::mutex> lk(s.mu);
+  std::lock_guard<SockMutex> lk(s.mu);
   if (s.link.qp) check_peer(s);
 }
 
 bool stream_arm(Sock &s) {
-  std::lock_guard<std::mutex> lk(s.mu);
+  std::lock_guard<SockMutex> lk(s.mu);
   if (s.link.cq) ibv_req_notify_cq(s.link.cq, 0);
   return true;
 }
@@ -869,7 +868,7 @@ void stream_take_kick(Sock &s) {
 }
 
 int stream_fionread(Sock &s) {
-  std::lock_guard<std::mutex> lk(s.mu);
+  std::lock_guard<SockMutex> lk(s.mu);
   if (!s.link.qp || s.inherited) return 0;
   progress(s);
   const uint64_t mask = s.link.ring_bytes - 1;
@@ -893,7 +892,7 @@ namespace {
 
 // FIN: the peer reads end of stream after everything sent before it. Credits always hold a
 // FIN (kFinReserve); only the peer's acks for the writes can be missing for a moment.
-bool send_fin(Sock &s, std::unique_lock<std::mutex> &lk, int wait_ms) {
+bool send_fin(Sock &s, SockLock &lk, int wait_ms) {
   if (s.fin_sent) return true;
   if (s.error || s.state != State::kSdp) return false;
   const uint64_t end = now_ns() + uint64_t(wait_ms) * 1000000;
@@ -921,7 +920,7 @@ bool send_fin(Sock &s, std::unique_lock<std::mutex> &lk, int wait_ms) {
 }  // namespace
 
 int stream_shutdown(Sock &s, int how) {
-  std::unique_lock<std::mutex> lk(s.mu);
+  SockLock lk(s.mu);
   if (how == SHUT_RD || how == SHUT_RDWR) {
     s.rd_shut = true;
     if (s.sleepers > 0) {  // a receive asleep in another thread returns 0, as on Linux
@@ -934,7 +933,7 @@ int stream_shutdown(Sock &s, int how) {
 }
 
 void stream_close(Sock &s) {
-  std::unique_lock<std::mutex> lk(s.mu);
+  SockLock lk(s.mu);
   if (!s.link.qp) return;  // closed already (at exit, or by another descriptor's close)
   if (s.state == State::kSdp) {
     check_peer(s);
@@ -984,7 +983,7 @@ void flusher_main(Flusher *f) {
     for (auto &w : list) {
       std::shared_ptr<Sock> s = w.lock();
       if (!s) continue;
-      std::lock_guard<std::mutex> lk(s->mu);
+      std::lock_guard<SockMutex> lk(s->mu);
       s->in_flush_list = false;
       if (!s->link.qp || s->inherited || s->tx_posted == s->tx_pos) continue;
       progress(*s);

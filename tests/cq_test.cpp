@@ -2,6 +2,8 @@
 // notification rules, and the extended poll API.
 #include "verbs_helpers.hpp"
 
+#include <pcientb/pcientb.h>
+
 #include <arpa/inet.h>
 
 #include <cstring>
@@ -70,6 +72,22 @@ TEST(Cq, FlushedReceivesAreReportedInOrderWithTheirWrIds) {
     EXPECT_EQ(wcs[i].qp_num, source.qp->qp_num);
   }
   EXPECT_TRUE(stays_empty(cq.get(), 50ms));
+}
+
+// The hint event loops use to poll only CQs with news (pcientb.h): no lock, one load.
+TEST(Cq, PendingSaysWhetherACompletionWaits) {
+  Node node;
+  auto cq = create_cq(node.ctx.get(), 64);
+  EXPECT_EQ(0, pcientb_cq_pending(cq.get()));
+  FlushSource source(node, cq.get(), 2);
+  EXPECT_EQ(0, pcientb_cq_pending(cq.get()));
+  source.flush();
+  EXPECT_EQ(1, pcientb_cq_pending(cq.get()));
+  ibv_wc wc{};
+  ASSERT_EQ(1, ibv_poll_cq(cq.get(), 1, &wc));
+  EXPECT_EQ(1, pcientb_cq_pending(cq.get()));  // the second is still there
+  ASSERT_EQ(1, ibv_poll_cq(cq.get(), 1, &wc));
+  EXPECT_EQ(0, pcientb_cq_pending(cq.get()));
 }
 
 TEST(Cq, ResizeKeepsQueuedCompletions) {

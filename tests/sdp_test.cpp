@@ -1126,6 +1126,55 @@ TEST(Epoll, LevelTriggered) {
   });
 }
 
+// Many connections in one set, as a server has them: they share CQs (several groups of
+// them), and epoll looks only at those with news. Each arrival, on whichever connection, is
+// reported for that connection alone, and a connection read dry is not reported again.
+TEST(Epoll, ManyConnectionsEachArrivalReportedForItsOwn) {
+  constexpr int kConns = 20;  // more than two CQ groups
+  two_process(
+      [](Channel &ch) {  // the client: sends a byte on the connection the server names
+        const uint16_t port = ch.recv<uint16_t>();
+        std::vector<int> fds;
+        for (int i = 0; i < kConns; ++i) {
+          fds.push_back(dial(port));
+          settle_client(fds.back());
+        }
+        ch.signal();
+        for (int32_t i; (i = ch.recv<int32_t>()) >= 0;) send_all(fds[size_t(i)], "x", 1);
+        for (int fd : fds) close(fd);
+      },
+      [](Channel &ch) {
+        Listener l;
+        ch.send(l.port);
+        std::vector<int> fds;
+        for (int i = 0; i < kConns; ++i) {
+          fds.push_back(l.accept_one());
+          settle_server(fds.back());
+        }
+        ch.wait();
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ASSERT_GE(ep, 0);
+        for (int fd : fds) epoll_add(ep, fd, EPOLLIN);
+        epoll_event ev[kConns];
+        EXPECT_EQ(epoll_wait(ep, ev, kConns, 50), 0) << "an event before any data";
+        std::mt19937 rng(7);
+        for (int round = 0; round < 200; ++round) {
+          const int32_t pick = int32_t(rng() % kConns);
+          ch.send(pick);
+          int n = epoll_wait(ep, ev, kConns, kIoTimeoutMs);
+          ASSERT_EQ(n, 1) << "round " << round << ": connection " << pick;
+          ASSERT_EQ(ev[0].data.fd, fds[size_t(pick)]) << "round " << round;
+          char c;
+          ASSERT_EQ(recv(fds[size_t(pick)], &c, 1, 0), 1);
+          ASSERT_EQ(epoll_wait(ep, ev, kConns, 0), 0) << "round " << round << ": read dry";
+        }
+        ch.send(int32_t(-1));
+        close(ep);
+        for (int fd : fds) close(fd);
+      },
+      within(60s));
+}
+
 TEST(Epoll, EdgeTriggeredOneEventPerArrival) {
   epoll_test(EPOLLIN | EPOLLET, [](Channel &ch, int fd, int ep) {
     ask(ch, 100);

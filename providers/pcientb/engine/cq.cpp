@@ -190,6 +190,11 @@ int poll_cq(Cq *cq, int n, ibv_wc *wc) {
   return i;
 }
 
+bool cq_pending(Cq *cq) {
+  uint64_t pos;
+  return mpsc_peek(&cq->sh->ring, &pos) != nullptr;
+}
+
 int req_notify_cq(Cq *cq, bool solicited_only) {
   cq->sh->armed.store(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
   return 0;

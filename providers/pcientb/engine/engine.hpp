@@ -334,6 +334,8 @@ int destroy_ah(Ah *ah);
 Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex *ex, int *err);
 int destroy_cq(Cq *cq);
 int poll_cq(Cq *cq, int n, ibv_wc *wc);
+// Whether a completion may wait in the CQ: one load, no lock (a hint; see pcientb.h).
+bool cq_pending(Cq *cq);
 int req_notify_cq(Cq *cq, bool solicited_only);
 int resize_cq(Cq *cq, int cqe);
 // Drops a QP's completions not yet polled from a CQ (the QP is being reset or

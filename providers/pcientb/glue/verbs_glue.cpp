@@ -511,6 +511,10 @@ PCIENTB_EXPORT int pcientb_query_port_counters(ibv_context *c, uint8_t port,
   return 0;
 }
 
+PCIENTB_EXPORT int pcientb_cq_pending(ibv_cq *cq) {
+  return cq_pending(from_ibv<Cq>(cq)) ? 1 : 0;
+}
+
 PCIENTB_EXPORT __be64 pcientb_device_guid(ibv_device *) {
   return htobe64(pcientb::fabric::emu_node_guid());
 }

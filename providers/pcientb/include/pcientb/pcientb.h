@@ -63,6 +63,13 @@ struct pcientb_port_counters {
 int pcientb_query_port_counters(struct ibv_context *ctx, uint8_t port,
                                 struct pcientb_port_counters *out);
 
+/* 1 if a completion may be waiting in `cq` (a CQ of this provider), 0 if none
+ * was a moment ago: one load, no lock and no system call, for an event loop
+ * watching many CQs that polls only those with news. A hint: a completion
+ * arriving as it looks may be missed, so before sleeping poll every CQ (or arm
+ * it). Found as pcientb_query_port_counters is. */
+int pcientb_cq_pending(struct ibv_cq *cq);
+
 /* The index of the emulated device whose uverbs device node a kernel driver
  * would create at `path` (/dev/infiniband/<dev_name>), or -1. */
 int pcientb_device_node_index(const char *path);
