@@ -1263,15 +1263,17 @@ ssize_t execute(int fd, const void *buf, size_t len) {
   // The command holds the channel's file, as the kernel's write() does: a
   // thread closing the descriptor meanwhile (rping's main thread while its
   // event thread asks for the next event) neither fails nor ends the command.
-  const int held = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (held < 0) return -1;  // EBADF: closed before the write began
+  int held = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (held < 0 && errno != EMFILE) return -1;  // EBADF: closed before the write began
+  const bool dup_held = held >= 0;
+  if (!dup_held) held = fd;  // no descriptor to spare: as before, on the program's
   State &s = state();
   std::unique_lock<std::mutex> l(s.mu);
   Channel *ch = channel_of_fd(s, held);
   int err = EINVAL;
   if (ch != nullptr && !ch->inherited) err = run(s, l, ch, held, h, buf, len);
   l.unlock();
-  ::close(held);  // after the lock: the last reference may end the channel
+  if (dup_held) ::close(held);  // after the lock: the last reference may end the channel
   if (tracing())
     std::fprintf(stderr, "pcientb-cm[%d]: fd %d cmd %u in %u out %u -> %s\n", getpid(), fd, h.cmd,
                  h.in, h.out, err != 0 ? std::strerror(err) : "ok");

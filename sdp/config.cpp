@@ -14,7 +14,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <new>
 #include <sstream>
 
 #include "sdp.hpp"
@@ -264,9 +263,9 @@ struct Totals {
   uint64_t bytes[4] = {};
   std::map<std::string, uint64_t> tcp_reasons;
 };
+Totals *g_totals = new Totals();  // never destroyed: written at exit
 Totals &totals() {
-  static auto *t = new Totals();  // never destroyed: written at exit
-  return *t;
+  return *g_totals;
 }
 
 // One line per process at exit, after the connections' own (the layer closes those still
@@ -293,11 +292,7 @@ void write_totals() {
 }  // namespace
 
 void stats_after_fork() {
-  Totals &t = totals();
-  new (&t.mu) std::mutex();  // another thread may have held it at fork()
-  t.conns = t.sdp = 0;
-  for (uint64_t &b : t.bytes) b = 0;
-  t.tcp_reasons.clear();
+  g_totals = new Totals();  // the parent's may have been half-written by another thread
 }
 
 void write_stats(Sock &s) {

@@ -327,7 +327,12 @@ void link_drain_channel(int channel_fd) {
   void *ctx;
   unsigned n = 0;
   while (ibv_get_cq_event(g->channel, &cq, &ctx) == 0) ++n;
-  if (n) ibv_ack_cq_events(g->cq, n);
+  if (!n) return;
+  ibv_ack_cq_events(g->cq, n);
+  // Others asleep on this group saw the channel readable, and now it is not: what woke them
+  // goes to their inboxes, which kicks them.
+  std::lock_guard<std::mutex> lk(g->mu);
+  dispatch(*g);
 }
 
 bool link_has_news(const Link &l) {
@@ -387,7 +392,8 @@ void link_destroy(Link &l) {
       // What the CQ still holds of this QP goes now: a later QP may get its number.
       std::lock_guard<std::mutex> lk(l.group->mu);
       dispatch(*l.group);
-      if (l.qp) l.group->by_qpn.erase(qpn);
+      auto it = l.group->by_qpn.find(qpn);
+      if (l.qp && it != l.group->by_qpn.end() && it->second == l.inbox) l.group->by_qpn.erase(it);
     }
     std::lock_guard<std::mutex> lk(groups_mu);
     --l.group->links;

@@ -292,8 +292,8 @@ void watch(int epfd, EpSet &set, int fd, Reg &reg) {
   ev.events = EPOLLIN | EPOLLRDHUP;
   ev.data.u64 = tag(fd, 0);
   real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->fd, &ev);
-  if (reg.s->link.channel) {
-    const int ch = reg.s->link.channel->fd;
+  if (ibv_comp_channel *channel = reg.s->link.channel) {  // read once: link_create may run
+    const int ch = channel->fd;
     reg.channel_fd = ch;
     if (set.channels[ch]++ == 0) {
       ev.events = EPOLLIN;
@@ -306,7 +306,7 @@ void watch(int epfd, EpSet &set, int fd, Reg &reg) {
     ev.data.u64 = tag(fd, 2);
     real().epoll_ctl(epfd, EPOLL_CTL_ADD, reg.s->link.kick_fd, &ev);
   }
-  reg.watched_link = reg.s->link.channel != nullptr;
+  reg.watched_link = reg.channel_fd >= 0;
 }
 
 void unwatch(int epfd, EpSet &set, Reg &reg) {
@@ -385,7 +385,7 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max, bool full) {
       Reg &reg = it->second;
       uint32_t ev = uint32_t(t.r) & (reg.events | EPOLLERR | EPOLLHUP);
       // Nothing to report, and nothing will be until the socket changes: skipped until then.
-      reg.idle = ev == 0 && t.s->state == State::kSdp;
+      reg.idle = ev == 0 && t.s->state == State::kSdp && t.events == reg.events;
       reg.idle_changes = t.changes;
       if (reg.events & EPOLLET) {
         reg.last &= ev;  // a condition that ended may be reported again when it comes back
@@ -411,6 +411,7 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max, bool full) {
     for (int fd : fallen) {
       auto it = set.regs.find(fd);
       if (it == set.regs.end()) continue;
+      unwatch(epfd, set, it->second);
       epoll_event ev{it->second.events, it->second.data};
       real().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
       set.regs.erase(it);
@@ -652,6 +653,7 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     it->second.data = ev->data;
     it->second.disabled = false;
     it->second.last = 0;
+    it->second.idle = false;                      // asked for other events: look again
     if (!it->second.kernel) wake_sleepers(*set);  // re-armed: it may be ready already
     return 0;
   }

@@ -295,24 +295,33 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
     if (!s.link.qp) return EBADF;
   }
   for (;;) {
+    // Counted as asleep before the last look: another thread that takes this socket's
+    // completions from the shared CQ from now on kicks it.
+    ++s.sleepers;
     flush(s);
     ibv_req_notify_cq(s.link.cq, 0);
     progress(s);
-    if (ready() || s.error) return 0;
+    if (ready() || s.error) {
+      --s.sleepers;
+      return 0;
+    }
     if (s.peer_gone) {  // its process closed the socket (after a FIN) or died (without)
+      --s.sleepers;
       set_error(s, s.peer_fin || s.fin_arrived ? EPIPE : ECONNRESET);
       return 0;
     }
     int ms = 100;
     if (timeout_ns > 0) {
       int64_t left = int64_t(start) + timeout_ns - int64_t(now_ns());
-      if (left <= 0) return EAGAIN;
+      if (left <= 0) {
+        --s.sleepers;
+        return EAGAIN;
+      }
       ms = int(std::min<int64_t>(ms, (left + 999999) / 1000000));
     }
     pollfd p[3] = {{s.link.channel->fd, POLLIN, 0},
                    {s.fd, POLLIN | POLLRDHUP, 0},
                    {s.link.kick_fd, POLLIN, 0}};
-    ++s.sleepers;
     lk.unlock();
     int r = real().poll(p, 3, ms);
     int err = errno;
