@@ -74,8 +74,11 @@ std::vector<Buffers> *pool = nullptr;
 constexpr uint32_t kLinksPerGroup = 8;
 constexpr int kGroupCqe = int(kLinksPerGroup * (1024 + 512 + 16));  // send + recv depths
 
-std::mutex groups_mu;
-std::vector<CqGroup *> *groups = nullptr;
+// Published once each, never removed: readers (every epoll scan) take no lock.
+constexpr uint32_t kMaxGroups = 1024;  // 8192 connections
+std::mutex groups_mu;                  // joining and leaving
+std::atomic<CqGroup *> groups[kMaxGroups];
+std::atomic<uint32_t> n_groups{0};
 
 void unmap(const Buffers &b) {
   if (b.ring) munmap(b.ring, b.ring_bytes);
@@ -86,7 +89,7 @@ void unmap(const Buffers &b) {
 void forget_device_in_child() {
   dev = nullptr;
   pool = nullptr;                 // the parent's buffers: left mapped, never reused here
-  groups = nullptr;               // the parent's CQs: its inherited sockets never poll them
+  n_groups.store(0);              // the parent's CQs: its inherited sockets never poll them
   new (&groups_mu) std::mutex();  // another thread may have held it at fork()
 }  // the parent's context is not the child's
 
@@ -114,12 +117,18 @@ void dispatch(CqGroup &g) {
 // A group with room for one more link, with its CQ and channel; nullptr (errno) if none.
 CqGroup *join_group(Device *d) {
   std::lock_guard<std::mutex> lk(groups_mu);
-  if (!groups) groups = new std::vector<CqGroup *>();
-  for (CqGroup *g : *groups)
+  const uint32_t n = n_groups.load();
+  for (uint32_t i = 0; i < n; ++i) {
+    CqGroup *g = groups[i].load();
     if (g->links < kLinksPerGroup) {
       ++g->links;
       return g;
     }
+  }
+  if (n == kMaxGroups) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto *g = new CqGroup();
   g->pending = d->cq_pending;
   g->channel = ibv_create_comp_channel(d->ctx);
@@ -139,7 +148,8 @@ CqGroup *join_group(Device *d) {
     return nullptr;
   }
   g->links = 1;
-  groups->push_back(g);
+  groups[n].store(g, std::memory_order_release);
+  n_groups.store(n + 1, std::memory_order_release);
   return g;
 }
 
@@ -303,12 +313,9 @@ int link_poll(Link &l, ibv_wc *wc, int max) {
 }
 
 void link_dispatch_all() {
-  std::vector<CqGroup *> all;
-  {
-    std::lock_guard<std::mutex> lk(groups_mu);
-    if (groups) all = *groups;
-  }
-  for (CqGroup *g : all) {
+  const uint32_t n = n_groups.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < n; ++i) {
+    CqGroup *g = groups[i].load(std::memory_order_acquire);
     if (g->pending && !g->pending(g->cq)) continue;  // one line for the group's links
     std::lock_guard<std::mutex> lk(g->mu);
     dispatch(*g);
@@ -317,10 +324,10 @@ void link_dispatch_all() {
 
 void link_drain_channel(int channel_fd) {
   CqGroup *g = nullptr;
-  {
-    std::lock_guard<std::mutex> lk(groups_mu);
-    for (CqGroup *c : groups ? *groups : std::vector<CqGroup *>())
-      if (c->channel->fd == channel_fd) g = c;
+  const uint32_t count = n_groups.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < count && !g; ++i) {
+    CqGroup *c = groups[i].load(std::memory_order_acquire);
+    if (c->channel->fd == channel_fd) g = c;
   }
   if (!g) return;
   ibv_cq *cq;

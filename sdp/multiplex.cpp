@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <unordered_map>
 
@@ -235,7 +236,11 @@ struct Reg {
   bool watched_link = false;  // its channel and kick are in the kernel set
   uint32_t last = 0;          // edge-triggered: what was reported and still holds
   uint64_t rx_seen = 0, tx_seen = 0;
-  int channel_fd = -1;        // its CQ group's channel, counted in EpSet::channels
+  int channel_fd = -1;  // its CQ group's channel, counted in EpSet::channels
+  // Removed by the program (EPOLL_CTL_DEL), its kernel watches kept until the socket
+  // closes: event loops that take a socket out and put it back per request (redis-benchmark
+  // does, per reply) pay no system call for it.
+  bool ghost = false;
   bool idle = false;          // found with nothing to report ...
   uint64_t idle_changes = 0;  // ... when its lock had been released this many times
 };
@@ -247,6 +252,7 @@ struct EpSet {
   // Written when a registration of the layer's is added or re-armed: a thread asleep in the
   // kernel on this set looks again (the kernel saw no change of its own).
   int wake_fd = -1;
+  std::atomic<int> sleepers{0};  // threads asleep in the kernel on this set: wake_fd is for them
   ~EpSet() {
     if (wake_fd >= 0) real().close(wake_fd);
   }
@@ -254,7 +260,11 @@ struct EpSet {
 
 constexpr uint64_t kWakeTag = 0xfedcffffffffffffull;  // the set's wake_fd (no socket's tag)
 
+// After a change of a registration (made under set.mu): a thread counted asleep before it
+// looks again; one counted after it looks at the registrations before it sleeps.
 void wake_sleepers(EpSet &set) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (set.sleepers.load(std::memory_order_relaxed) == 0) return;
   uint64_t one = 1;
   if (set.wake_fd >= 0) (void)!syscall(SYS_write, set.wake_fd, &one, sizeof one);
 }
@@ -351,7 +361,7 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max, bool full) {
         real().epoll_ctl(epfd, EPOLL_CTL_DEL, reg.s->fd, nullptr);
         watch(epfd, set, fd, reg);
       }
-      if (reg.kernel || reg.disabled) continue;
+      if (reg.kernel || reg.disabled || reg.ghost) continue;
       // Safe without the socket's lock: its link goes only after close took the
       // registration out of this set, under the set's lock held here.
       const Sock &s = *reg.s;
@@ -466,36 +476,61 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
   // not allocated and zeroed per call.
   static thread_local std::vector<epoll_event> k;
   if (k.size() < size_t(max)) k.resize(size_t(max));
-  if (empty) {
+  while (empty) {
     // No socket of the layer (left, or fell back to TCP) but the set's wake eventfd is
     // still there, and may be readable: its event is the layer's, never the program's.
-    for (;;) {
-      int kn = real().epoll_pwait(epfd, k.data(), max, remaining_ms(deadline), mask);
-      if (kn <= 0) return kn;
-      int n = take_kernel(epfd, *set, k.data(), kn, out, 0, max);
-      if (n || (deadline >= 0 && now_ns() >= deadline)) return n;
+    ++set->sleepers;
+    {
+      std::lock_guard<std::mutex> lk(set->mu);
+      empty = set->regs.empty();  // a socket added meanwhile did not wake this thread
     }
+    if (!empty) {
+      --set->sleepers;
+      break;
+    }
+    int kn = real().epoll_pwait(epfd, k.data(), max, remaining_ms(deadline), mask);
+    int err = errno;
+    --set->sleepers;
+    if (kn <= 0) {
+      errno = err;
+      return kn;
+    }
+    int n = take_kernel(epfd, *set, k.data(), kn, out, 0, max);
+    if (n || (deadline >= 0 && now_ns() >= deadline)) return n;
+    std::lock_guard<std::mutex> lk(set->mu);
+    empty = set->regs.empty();
   }
+  // While spinning, the kernel's part of the set (the program's other descriptors, the
+  // layer's wakeups) is looked at first, then every kKernelEveryNs: a system call (and a
+  // yield of the CPU) per round cost more than the round's look at the SDP sockets.
+  constexpr int64_t kKernelEveryNs = 16000;
+  int64_t kernel_due = 0;
   for (;;) {
     int n = scan(epfd, *set, out, max, false);
-    if (n < max) {
+    const int64_t now = now_ns();
+    const bool kernel = n < max && now >= kernel_due;
+    if (kernel) {
+      kernel_due = now + kKernelEveryNs;
       // Never more than the caller can take: what the kernel hands over leaves its ready list
       // (edge-triggered and oneshot events of other descriptors would be lost).
       int kn = real().epoll_wait(epfd, k.data(), max - n, 0);
       if (kn > 0) n = take_kernel(epfd, *set, k.data(), kn, out, n, max);
     }
     if (n) return n;
-    const int64_t now = now_ns();
     if (deadline >= 0 && now >= deadline) return 0;
     if (now < spin_end) {
-      sched_yield();
+      if (kernel)
+        sched_yield();
+      else
+        __builtin_ia32_pause();
       continue;
     }
+    ++set->sleepers;  // before the last look: a registration changed from now on wakes it
     std::vector<std::shared_ptr<Sock>> armed;
     {
       std::lock_guard<std::mutex> lk(set->mu);
       for (auto &[fd, reg] : set->regs)
-        if (!reg.kernel && reg.s->state == State::kSdp) armed.push_back(reg.s);
+        if (!reg.kernel && !reg.ghost && reg.s->state == State::kSdp) armed.push_back(reg.s);
     }
     // Counted as asleep before arming: a wakeup another thread takes from now on kicks.
     for (auto &s : armed) ++s->sleepers;
@@ -503,11 +538,13 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     n = scan(epfd, *set, out, max, true);
     if (n) {
       for (auto &s : armed) --s->sleepers;
+      --set->sleepers;
       return n;
     }
     int kn = real().epoll_pwait(epfd, k.data(), max, remaining_ms(deadline), mask);
     int err = errno;
     for (auto &s : armed) --s->sleepers;
+    --set->sleepers;
     if (kn < 0) {
       errno = err;
       return -1;
@@ -536,7 +573,7 @@ void multiplex_forget(Sock &s, bool program_keeps_fd) {
       }
       if (!it->second.kernel) {
         unwatch(epfd, *set, it->second);
-        if (program_keeps_fd) {
+        if (program_keeps_fd && !it->second.ghost) {
           epoll_event ev{it->second.events, it->second.data};
           real().epoll_ctl(epfd, EPOLL_CTL_ADD, it->first, &ev);
         }
@@ -601,6 +638,30 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
   if (!set) return real().epoll_ctl(epfd, op, fd, ev);
   std::lock_guard<std::mutex> lk(set->mu);
   auto it = set->regs.find(fd);
+  if (it != set->regs.end() && it->second.ghost) {
+    if (op != EPOLL_CTL_ADD) {  // removed, as far as the program knows
+      errno = ENOENT;
+      return -1;
+    }
+    if (!ev) {
+      errno = EFAULT;
+      return -1;
+    }
+    Reg &reg = it->second;
+    if (ours && reg.s == s && sdp_like(*s)) {  // back: as a fresh registration
+      reg.ghost = false;
+      reg.events = ev->events;
+      reg.data = ev->data;
+      reg.disabled = false;
+      reg.last = 0;
+      reg.idle = false;
+      wake_sleepers(*set);  // it may be ready already
+      return 0;
+    }
+    unwatch(epfd, *set, reg);  // another socket has the number now
+    set->regs.erase(it);
+    it = set->regs.end();
+  }
   if (it == set->regs.end() && !ours) return real().epoll_ctl(epfd, op, fd, ev);
   if (op == EPOLL_CTL_ADD) {
     if (it != set->regs.end()) {
@@ -633,11 +694,12 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
     return -1;
   }
   if (op == EPOLL_CTL_DEL) {
-    if (it->second.kernel)
+    if (it->second.kernel) {
       real().epoll_ctl(epfd, op, fd, ev);
-    else
-      unwatch(epfd, *set, it->second);
-    set->regs.erase(it);
+      set->regs.erase(it);
+    } else {
+      it->second.ghost = true;  // multiplex_forget() takes it out when the socket closes
+    }
     return 0;
   }
   if (op == EPOLL_CTL_MOD) {

@@ -1298,6 +1298,10 @@ TEST(Epoll, CtlDelStopsReports) {
     errno = 0;
     EXPECT_EQ(epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr), -1);
     EXPECT_EQ(errno, ENOENT);
+    epoll_event mod{EPOLLIN, {}};
+    errno = 0;
+    EXPECT_EQ(epoll_ctl(ep, EPOLL_CTL_MOD, fd, &mod), -1) << "MOD of a removed registration";
+    EXPECT_EQ(errno, ENOENT);
     epoll_add(ep, fd, EPOLLIN);  // added again: the pending data is reported
     EXPECT_EQ(epoll_events(ep, fd, kIoTimeoutMs), uint32_t(EPOLLIN));
     expect_pattern(fd, 10, 0, 20);
