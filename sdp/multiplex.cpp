@@ -132,7 +132,8 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
       if (socks[i]) ++socks[i]->sleepers;
     const size_t kernel_n = k.size();
     for (nfds_t i = 0; i < n; ++i) {
-      if (!socks[i] || socks[i]->state != State::kSdp || !socks[i]->link.channel) continue;
+      // Negotiating ones with a link too: the last look below may finish their handshake.
+      if (!socks[i] || !sdp_like(*socks[i]) || !socks[i]->link.channel) continue;
       stream_arm(*socks[i]);
       k.push_back({socks[i]->link.channel->fd, POLLIN, 0});
       kidx.push_back(i);
@@ -530,7 +531,9 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     {
       std::lock_guard<std::mutex> lk(set->mu);
       for (auto &[fd, reg] : set->regs)
-        if (!reg.kernel && !reg.ghost && reg.s->state == State::kSdp) armed.push_back(reg.s);
+        // Negotiating ones too (those with a link): the last look may finish their
+        // handshake, and their first data must wake this thread.
+        if (!reg.kernel && !reg.ghost && sdp_like(*reg.s)) armed.push_back(reg.s);
     }
     // Counted as asleep before arming: a wakeup another thread takes from now on kicks.
     for (auto &s : armed) ++s->sleepers;

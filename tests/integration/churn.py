@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Connect/close churn against an echo server, for integration.sdp.churn (sdp.py).
+
+  churn.py PORT CYCLES SERVER_PID IDLE
+
+Opens, uses (a 64-byte echo, checked) and closes CYCLES connections one after another.
+After a tenth of them (the pools and caches of the layer are warm by then) and at the end
+it samples its own and the server's descriptors, mappings and resident memory from /proc.
+Then it opens IDLE connections, echoes once on each, and leaves them idle for 2 s, during
+which it measures the CPU time both processes use (utime + stime). It prints
+"churn-result {json}" with the samples, the connections made, the seconds they took and
+the idle CPU (a fraction of one core). The checks are the caller's.
+"""
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+
+def sample(pid):
+    with open(f"/proc/{pid}/status") as f:
+        rss = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+    with open(f"/proc/{pid}/maps") as f:
+        maps = sum(1 for _ in f)
+    kinds = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            kind = re.sub(r"[0-9]+", "N", os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"fds": sum(kinds.values()), "maps": maps, "rss_kib": rss, "fd_kinds": kinds}
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def echo(s, msg, what):
+    s.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        chunk = s.recv(len(msg) - len(got))
+        if not chunk:
+            raise RuntimeError(f"{what}: EOF after {len(got)} bytes")
+        got += chunk
+    if got != msg:
+        raise RuntimeError(f"{what}: echo differs")
+
+
+def main():
+    if len(sys.argv) != 5:
+        print(__doc__)
+        sys.exit(2)
+    port, cycles, server, idle = map(int, sys.argv[1:5])
+    msg = bytes(range(64))
+    warm = max(1, cycles // 10)
+    samples = {}
+    start = time.monotonic()
+    for i in range(cycles):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            echo(s, msg, f"connection {i}")
+        if i + 1 == warm:
+            time.sleep(0.2)  # the server's side of the last connection closes too
+            samples["warm"] = {"client": sample(os.getpid()), "server": sample(server)}
+    seconds = time.monotonic() - start
+    # The server closes its end of the last connections as it sees them closed: give it 3 s.
+    deadline = time.monotonic() + 3
+    while (sample(server)["fds"] > samples["warm"]["server"]["fds"]
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    samples["end"] = {"client": sample(os.getpid()), "server": sample(server)}
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle)]
+    for i, s in enumerate(held):
+        echo(s, msg, f"idle connection {i}")
+    time.sleep(0.2)  # past the layer's busy-poll
+    before = (time.monotonic(), cpu_seconds(os.getpid()), cpu_seconds(server))
+    time.sleep(2)
+    after = (time.monotonic(), cpu_seconds(os.getpid()), cpu_seconds(server))
+    wall = after[0] - before[0]
+    idle_cpu = {"client": (after[1] - before[1]) / wall, "server": (after[2] - before[2]) / wall}
+    for s in held:
+        s.close()
+    print("churn-result " + json.dumps({"conns": cycles + idle, "warm_after": warm,
+                                        "seconds": seconds, "tx": (cycles + idle) * len(msg),
+                                        "samples": samples, "idle": idle,
+                                        "idle_cpu": idle_cpu}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
