@@ -14,6 +14,7 @@ matched.
 import asyncio
 import json
 import random
+import resource
 import sys
 
 
@@ -54,6 +55,10 @@ async def client(port, conns, messages, seed):
 
 
 def main():
+    # Room for many connections (integration.sdp.many): the layer holds more descriptors
+    # per connection than the program does.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if sys.argv[1:2] == ["server"] and len(sys.argv) == 3:
         asyncio.run(serve(int(sys.argv[2])))
     elif sys.argv[1:2] == ["client"] and len(sys.argv) == 6:

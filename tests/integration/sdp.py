@@ -33,6 +33,9 @@ Cases (two processes each, on a free port, each bounded by ITEST_TIMEOUT):
                      connection path=sdp with at least the bytes it reports
   asyncio            asyncio echo server / client with 8 connections x 300 random-size
                      messages, every echo checked; client connections path=sdp
+  many               the asyncio echo server / many_conns.py: 1,000 connections at once
+                     from one process, then 4 x 250 at once, every echo checked (64 KiB
+                     rings); every client connection path=sdp
   churn              the asyncio echo server / churn.py: 10,000 connect, 64-byte echo,
                      close; from the first 1,000 to the end neither process grows
                      beyond the layer's buffer pool, pcientb-stat shows no QP or MR of
@@ -916,6 +919,44 @@ def case_churn(cycles=10000, idle=32):
         fail("; ".join(problems))
 
 
+def case_many(conns=1000, procs=4):
+    """`conns` connections at once from one process, then conns/procs from each of `procs`
+    processes at once, to one asyncio echo server (one event loop), every byte checked
+    (many_conns.py). Rings of 64 KiB (PCIENTB_SDP_RING) keep 2,000 ring pairs small. Every
+    client connection path=sdp."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {"PCIENTB_SDP_RING": "65536"}
+    for attempt in range(3):
+        port = itest.free_port()
+        s = start("server", [sys.executable, os.path.join(here, "asyncio_echo.py"), "server",
+                             str(port)], env=env)
+        if wait_listening(s, port):
+            break
+        s.kill()
+        if attempt == 2:
+            s.dump()
+            fail(f"echo server did not listen on port {port}: {s.status()}")
+    client = [sys.executable, os.path.join(here, "many_conns.py"), str(port)]
+    try:
+        for n, k in ((conns, 1), (conns // procs, procs)):
+            cs = [start(f"client{i}", client + [str(n)], env=env) for i in range(k)]
+            for c in cs:
+                c.wait()
+            for c in cs:
+                m = re.search(r"^many-result (\{.*\})$", output(c), re.MULTILINE)
+                if c.rc != 0 or not m:
+                    dump_all(s, *cs)
+                    fail(f"{c.name}: {c.status()}")
+                r = json.loads(m.group(1))
+                log(f"{k} x {n}: {c.name} opened {n} in {r['open_seconds']:.2f} s, a round on "
+                    f"all at once {r['round_seconds'] * 1e3:.0f} ms, {r['rss_kib'] / n:.0f} KiB "
+                    f"resident per connection")
+                check_sdp(c.stats, conns=n, tx=r["tx"], rx=r["tx"], proc=c,
+                          what=f"{c.name} ({n} connections)")
+    finally:
+        s.kill(signal.SIGTERM)
+
+
 def case_qperf(test):
     itest.require_tools("qperf")
     size, msg_opt = {"tcp_bw": (65536, "64K"), "tcp_lat": (64, "64")}[test]
@@ -1192,6 +1233,7 @@ CASES = {
     "memcached": case_memcached,
     "asyncio": case_asyncio,
     "churn": case_churn,
+    "many": case_many,
     "nginx": case_nginx,
     "qperf.tcp_bw": lambda: case_qperf("tcp_bw"),
     "qperf.tcp_lat": lambda: case_qperf("tcp_lat"),
