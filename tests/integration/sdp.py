@@ -844,6 +844,20 @@ def case_asyncio():
     check_sdp(s.stats, required=False, proc=s, what="the asyncio server")
 
 
+def start_echo_server(env=None):
+    """The asyncio echo server (asyncio_echo.py) under the layer, once it listens: (proc,
+    port). A port taken meanwhile is retried on another."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "asyncio_echo.py")
+    for _ in range(3):
+        port = itest.free_port()
+        s = start("server", [sys.executable, script, "server", str(port)], env=env)
+        if wait_listening(s, port):
+            return s, port
+        s.kill()
+    s.dump()
+    fail(f"echo server did not listen on port {port}: {s.status()}")
+
+
 def case_churn(cycles=10000, idle=32):
     """10,000 connect/echo/close cycles of a Python client against the asyncio echo server
     (churn.py), both under the layer: after the first tenth nothing of either process may
@@ -852,16 +866,7 @@ def case_churn(cycles=10000, idle=32):
     of theirs may be left on the fabric (pcientb-stat), and every connection is SDP. Then
     `idle` connections left idle 2 s may cost either process at most 5% of a core."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for attempt in range(3):
-        port = itest.free_port()
-        s = start("server", [sys.executable, os.path.join(here, "asyncio_echo.py"), "server",
-                             str(port)])
-        if wait_listening(s, port):
-            break
-        s.kill()
-        if attempt == 2:
-            s.dump()
-            fail(f"echo server did not listen on port {port}: {s.status()}")
+    s, port = start_echo_server()
     c = start("client", [sys.executable, os.path.join(here, "churn.py"), str(port), str(cycles),
                          str(s.pid), str(idle)])
     c.wait()
@@ -926,16 +931,7 @@ def case_many(conns=1000, procs=4):
     client connection path=sdp."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = {"PCIENTB_SDP_RING": "65536"}
-    for attempt in range(3):
-        port = itest.free_port()
-        s = start("server", [sys.executable, os.path.join(here, "asyncio_echo.py"), "server",
-                             str(port)], env=env)
-        if wait_listening(s, port):
-            break
-        s.kill()
-        if attempt == 2:
-            s.dump()
-            fail(f"echo server did not listen on port {port}: {s.status()}")
+    s, port = start_echo_server(env)
     client = [sys.executable, os.path.join(here, "many_conns.py"), str(port)]
     try:
         for n, k in ((conns, 1), (conns // procs, procs)):
