@@ -391,7 +391,8 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max, bool full) {
         continue;
       }
       auto it = set.regs.find(t.fd);
-      if (it == set.regs.end() || it->second.s != t.s || it->second.disabled || it->second.kernel)
+      if (it == set.regs.end() || it->second.s != t.s || it->second.disabled || it->second.kernel ||
+          it->second.ghost)
         continue;  // removed, replaced, or taken by another thread (oneshot) meanwhile
       Reg &reg = it->second;
       uint32_t ev = uint32_t(t.r) & (reg.events | EPOLLERR | EPOLLHUP);
@@ -699,6 +700,11 @@ SDP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event *ev) {
   if (op == EPOLL_CTL_DEL) {
     if (it->second.kernel) {
       real().epoll_ctl(epfd, op, fd, ev);
+      set->regs.erase(it);
+    } else if (it->second.s->state != State::kSdp) {
+      // Still negotiating: its own descriptor in the kernel set would stay readable with
+      // handshake bytes nobody takes while it is out of the set.
+      unwatch(epfd, *set, it->second);
       set->regs.erase(it);
     } else {
       it->second.ghost = true;  // multiplex_forget() takes it out when the socket closes
