@@ -1,6 +1,7 @@
-// Verbs resources of one SDP connection: one RC QP and CQ with a completion channel, the
-// receive ring the peer writes into, the mirror this side stages its writes in, and the ack
-// slot. Public verbs API only: the provider is one of the layer's users, nothing more.
+// Verbs resources of one SDP connection: one RC QP, a share of a CQ and completion channel
+// (a group of links), the receive ring the peer writes into, the mirror this side stages
+// its writes in, and the ack slot. Public verbs API only (the provider's CQ hint is optional):
+// the provider is one of the layer's users, nothing more.
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -322,24 +323,33 @@ void link_dispatch_all() {
   }
 }
 
-void link_drain_channel(int channel_fd) {
-  CqGroup *g = nullptr;
-  const uint32_t count = n_groups.load(std::memory_order_acquire);
-  for (uint32_t i = 0; i < count && !g; ++i) {
-    CqGroup *c = groups[i].load(std::memory_order_acquire);
-    if (c->channel->fd == channel_fd) g = c;
-  }
-  if (!g) return;
+namespace {
+
+// Consumes the group's wakeups; what woke its sleepers goes to their inboxes, which kicks
+// each one whose link has news (those of other links, woken by the same channel, sleep on).
+void drain(CqGroup &g) {
   ibv_cq *cq;
   void *ctx;
   unsigned n = 0;
-  while (ibv_get_cq_event(g->channel, &cq, &ctx) == 0) ++n;
+  while (ibv_get_cq_event(g.channel, &cq, &ctx) == 0) ++n;
   if (!n) return;
-  ibv_ack_cq_events(g->cq, n);
-  // Others asleep on this group saw the channel readable, and now it is not: what woke them
-  // goes to their inboxes, which kicks them.
-  std::lock_guard<std::mutex> lk(g->mu);
-  dispatch(*g);
+  ibv_ack_cq_events(g.cq, n);
+  std::lock_guard<std::mutex> lk(g.mu);
+  dispatch(g);
+}
+
+}  // namespace
+
+void link_drain(Link &l) {
+  if (l.group) drain(*l.group);
+}
+
+void link_drain_channel(int channel_fd) {
+  const uint32_t count = n_groups.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < count; ++i) {
+    CqGroup *g = groups[i].load(std::memory_order_acquire);
+    if (g->channel->fd == channel_fd) return drain(*g);
+  }
 }
 
 bool link_has_news(const Link &l) {

@@ -171,7 +171,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     for (size_t j = sock_end; j < k.size(); ++j)
       if (k[j].revents) stream_take_kick(*socks[kidx[j]]);
     for (size_t j = kernel_n; j < chan_end; ++j)
-      if (k[j].revents) stream_drain_channel(*socks[kidx[j]]);
+      if (k[j].revents) link_drain(socks[kidx[j]]->link);
     for (size_t j = chan_end; j < sock_end; ++j)
       if (k[j].revents) stream_check_peer(*socks[kidx[j]]);
   }

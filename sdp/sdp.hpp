@@ -107,7 +107,9 @@ int link_poll(Link &link, ibv_wc *wc, int max);
 // Takes what every group's CQ holds into the links' inboxes (CQs that the provider says are
 // empty are not polled).
 void link_dispatch_all();
-// Consumes the wakeups of the group whose completion channel is channel_fd (non-blocking).
+// Consumes the wakeups of the link's group, or of the group whose completion channel is
+// channel_fd (non-blocking), and hands what woke them to the inboxes.
+void link_drain(Link &link);
 void link_drain_channel(int channel_fd);
 // Whether the link's inbox holds completions, without a lock (true if it has none yet).
 bool link_has_news(const Link &link);
@@ -128,8 +130,6 @@ short stream_poll(Sock &s, uint64_t *changes = nullptr);
 // Arms the completion channel so that the next arrival wakes a sleeper; false if something
 // arrived meanwhile (do not sleep).
 bool stream_arm(Sock &s);
-// Consumes a completion-channel wakeup (non-blocking).
-void stream_drain_channel(Sock &s);
 // The kernel reported the socket's own descriptor readable: has the peer closed it?
 void stream_check_peer(Sock &s);
 // Consumes a kick (another thread took this socket's wakeup).

@@ -329,7 +329,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
     --s.sleepers;
     if (!s.link.qp) return EBADF;
     if (r < 0 && err == EINTR && !restart_after_signal()) return EINTR;
-    if (p[0].revents) stream_drain_channel(s);
+    if (p[0].revents) link_drain(s.link);
     if (p[2].revents) stream_take_kick(s);
     if (p[1].revents) check_peer(s);
   }
@@ -851,21 +851,6 @@ bool stream_arm(Sock &s) {
   std::lock_guard<SockMutex> lk(s.mu);
   if (s.link.cq) ibv_req_notify_cq(s.link.cq, 0);
   return true;
-}
-
-void stream_drain_channel(Sock &s) {
-  if (!s.link.channel) return;
-  ibv_cq *cq;
-  void *ctx;
-  unsigned n = 0;
-  while (ibv_get_cq_event(s.link.channel, &cq, &ctx) == 0) ++n;
-  if (!n) return;
-  ibv_ack_cq_events(s.link.cq, n);
-  // Others asleep on this socket saw the channel readable, and now it is not: wake them.
-  if (s.sleepers > 0) {
-    uint64_t one = 1;
-    (void)!syscall(SYS_write, s.link.kick_fd, &one, sizeof one);
-  }
 }
 
 // The last sleeper out resets the kick: one that wakes earlier must not hide it from the
