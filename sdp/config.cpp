@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -255,17 +256,39 @@ void stats_line(const char *line, int n) {
   syscall(SYS_close, fd);
 }
 
-// This process's connections, summed as their lines are written (a forked child starts
-// from zero: stats_after_fork).
+// This process's connections, summed as their lines are written. A forked child starts
+// from zero, at its first use of them (its fork handler must not touch the heap), and an
+// image that execs hands on zero (stats_end_image).
 struct Totals {
+  explicit Totals(uint32_t g) : gen(g) {}
+  const uint32_t gen;  // g_fork_gen of the process they count
   std::mutex mu;
   uint64_t conns = 0, sdp = 0;
   uint64_t bytes[4] = {};
   std::map<std::string, uint64_t> tcp_reasons;
 };
-Totals *g_totals = new Totals();  // never destroyed: written at exit
+// Never destroyed (written at exit); those replaced stay reachable through `old` (another
+// thread of the parent may have been writing them at fork()).
+std::atomic<Totals *> g_totals{new Totals(0)};
+struct OldTotals {
+  Totals *t;
+  OldTotals *next;
+};
+std::atomic<OldTotals *> old{nullptr};
+
+void replace_totals(Totals *t) {
+  Totals *n = new Totals(g_fork_gen.load(std::memory_order_relaxed));
+  if (g_totals.compare_exchange_strong(t, n))
+    old.store(new OldTotals{t, old.load()});
+  else
+    delete n;  // another thread replaced them
+}
+
 Totals &totals() {
-  return *g_totals;
+  Totals *t = g_totals.load(std::memory_order_acquire);
+  if (t->gen == g_fork_gen.load(std::memory_order_relaxed)) return *t;
+  replace_totals(t);
+  return *g_totals.load(std::memory_order_acquire);
 }
 
 // One line per process at exit, after the connections' own (the layer closes those still
@@ -291,12 +314,17 @@ void write_totals() {
 
 }  // namespace
 
-void stats_after_fork() {
-  // The parent's may have been half-written by another thread: left as it is, and
-  // reachable (not a leak).
-  static Totals *volatile parents = nullptr;
-  parents = g_totals;
-  g_totals = new Totals();
+void stats_end_image() {
+  Totals &t = totals();
+  bool any;
+  {
+    std::lock_guard<std::mutex> lk(t.mu);
+    any = t.conns != 0;
+  }
+  // An image without connections (a launcher's shell) says nothing (and loads no config).
+  if (!any || config().stats_path.empty()) return;
+  write_totals();
+  replace_totals(&t);
 }
 
 void write_stats(Sock &s) {

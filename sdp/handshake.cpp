@@ -13,14 +13,19 @@
 // QP ready to receive) or Decline (reason); the client answers Confirm (ready too) or Abandon.
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "sdp.hpp"
@@ -121,18 +126,30 @@ bool send_msg(Sock &s, MsgType type, int reason = 0) {
   return tcp_write_all(s.fd, &m, sizeof m, kHandshakeMs);
 }
 
-// Reads one handshake message if it is all there (or, with wait, when it is).
-// 1: read; 0: not yet; -1: EOF, error or garbage.
-int read_msg(Sock &s, HsMsg &m, bool wait) {
+// Reads one handshake message if it is all there (or, with wait, when it is; wait_ms < 0:
+// for ever). 1: read; 0: not yet; -1: EOF, error or garbage; -2: the peer's first bytes are
+// not a handshake message (left unread: they are the program's).
+int64_t now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+int read_msg(Sock &s, HsMsg &m, bool wait, int wait_ms = -1) {
+  const int64_t end = wait_ms < 0 ? -1 : now_ms() + wait_ms;
   for (;;) {
     ssize_t n = real().recvfrom(s.fd, &m, sizeof m, MSG_PEEK | MSG_DONTWAIT, nullptr, nullptr);
+    if (n > 0 && memcmp(m.magic, kMagic, std::min<size_t>(size_t(n), sizeof kMagic)) != 0)
+      return -2;
     if (n == ssize_t(sizeof m)) break;
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return -1;
     if (!wait) return 0;
-    // No time limit: the peer sends its part when its program first uses the connection,
-    // and giving up here would leave the two ends disagreeing about the stream.
+    // No time limit unless asked: the peer sends its part when its program first uses the
+    // connection, and giving up here would leave the two ends disagreeing about the stream.
     pollfd p{s.fd, POLLIN, 0};
-    real().poll(&p, 1, -1);
+    const int left = end < 0 ? -1 : int(std::max<int64_t>(0, end - now_ms()));
+    if (left == 0) return 0;
+    real().poll(&p, 1, left);
   }
   if (!tcp_read_all(s.fd, &m, sizeof m, kHandshakeMs)) return -1;
   if (memcmp(m.magic, kMagic, sizeof kMagic) != 0) {
@@ -152,6 +169,12 @@ void stay_tcp(Sock &s, const char *reason) {
   s.reason = reason;
   write_stats(s);
   forget_sock(s.fd);
+}
+
+// The link is this process's: a child forked from now on uses the socket as TCP.
+void own_link(Sock &s) {
+  s.owner = getpid();
+  s.link_gen = g_fork_gen.load(std::memory_order_relaxed);
 }
 
 void become_sdp(Sock &s) {
@@ -297,6 +320,7 @@ void send_hello(Sock &s) {
     stay_tcp(s, "verbs_setup_failed");
     return;
   }
+  own_link(s);
   if (!send_msg(s, kHello)) {
     stay_tcp(s, "hello_failed");
     return;
@@ -321,7 +345,8 @@ void take_hello(Sock &s, const HsMsg &m) {
     stay_tcp(s, "other_user");
     return;
   }
-  if (!link_create(s.link, &s.sleepers) || !(s.link.remote = m.info, link_connect(s.link))) {
+  if (link_create(s.link, &s.sleepers)) own_link(s);
+  if (!s.link.qp || !(s.link.remote = m.info, link_connect(s.link))) {
     int e = errno;
     logf("fd %d: verbs setup failed: %s", s.fd, strerror(e));
     send_msg(s, kDecline, e);
@@ -378,6 +403,10 @@ bool handshake_progress(Sock &s, bool wait) {
       errno = EAGAIN;
       return false;
     }
+    if (r == -2) {  // a peer that knows nothing of the handshake (a program after exec)
+      stay_tcp(s, "peer_sent_data");
+      return true;
+    }
     if (r < 0) {
       stay_tcp(s, "handshake_failed");  // the program sees what the kernel socket says
       return true;
@@ -390,6 +419,150 @@ bool handshake_progress(Sock &s, bool wait) {
       become_sdp(s);
     } else {
       stay_tcp(s, "peer_abandoned");
+    }
+  }
+}
+
+namespace {
+
+constexpr int kExecWaitMs = 2000;
+
+// Whether fd is an inherited TCP socket of this host (and its domain).
+bool inet_stream(int fd, int *domain, bool *listening) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  int type = 0, acc = 0;
+  socklen_t l = sizeof *domain;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, domain, &l) != 0 ||
+      (*domain != AF_INET && *domain != AF_INET6))
+    return false;
+  l = sizeof type;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) != 0 || type != SOCK_STREAM)
+    return false;
+  l = sizeof acc;
+  real().getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l);
+  *listening = acc != 0;
+  return true;
+}
+
+bool nonblocking_fd(int fd) {
+  int fl = real().fcntl(fd, F_GETFL, 0);
+  return fl >= 0 && (fl & O_NONBLOCK);
+}
+
+// The port of a client marker of this fabric that fd holds; 0 if it holds none.
+uint16_t marker_port(int fd) {
+  sockaddr_un un{};
+  socklen_t len = sizeof un;
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&un), &len) != 0 || un.sun_family != AF_UNIX ||
+      len <= offsetof(sockaddr_un, sun_path) + 1 || un.sun_path[0] != '\0')
+    return 0;
+  sockaddr_un want;
+  socklen_t wlen = mark_name(want, 'C', 0);  // ".../C/0": compare the part before the port
+  const size_t prefix = wlen - offsetof(sockaddr_un, sun_path) - 1;
+  const size_t have = len - offsetof(sockaddr_un, sun_path);
+  if (have <= prefix || memcmp(un.sun_path, want.sun_path, prefix) != 0) return 0;
+  std::string digits(un.sun_path + prefix, have - prefix);
+  return uint16_t(atoi(digits.c_str()));
+}
+
+uint16_t local_port(int fd) {
+  sockaddr_storage me{};
+  socklen_t len = sizeof me;
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&me), &len) != 0) return 0;
+  return port_of(reinterpret_cast<sockaddr *>(&me));
+}
+
+}  // namespace
+
+bool handshake_before_exec(Sock &s) {
+  HsMsg m;
+  switch (s.state) {
+    case State::kClientPending:
+      // Hello never went: the server reads Abandon where it waits for it, and stays on TCP.
+      // The marker goes into the new image with the socket (process_start ties them again):
+      // a server that accepts later must still find it, to read the Abandon.
+      send_msg(s, kAbandon, 0);
+      if (s.mark_fd >= 0 && real().fcntl(s.mark_fd, F_SETFD, 0) == 0) s.mark_fd = -1;
+      stay_tcp(s, "exec");
+      return false;
+    case State::kClientHello:
+      if (read_msg(s, m, true, kExecWaitMs) == 1 && m.type == kAccept)
+        send_msg(s, kAbandon, 0);
+      else
+        logf("fd %d: exec before the server answered Hello: the new image may read it", s.fd);
+      stay_tcp(s, "exec");
+      return false;
+    case State::kServerWait:
+      if (read_msg(s, m, true, kExecWaitMs) == 1 && m.type == kConfirm) {
+        become_sdp(s);
+        return true;
+      }
+      stay_tcp(s, "exec");
+      return false;
+    default:
+      return false;  // a server still waiting for Hello: the new image takes it up
+  }
+}
+
+void handshake_adopt(const std::vector<int> &fds) {
+  std::vector<std::pair<int, uint16_t>> markers;
+  for (int fd : fds)
+    if (uint16_t port = marker_port(fd)) markers.emplace_back(fd, port);
+  // Descriptors of one socket (dup2 onto stdin and stdout) are one socket of the layer.
+  std::vector<std::pair<ino_t, std::shared_ptr<Sock>>> seen;
+  for (int fd : fds) {
+    int domain = 0;
+    bool listening = false;
+    if (!inet_stream(fd, &domain, &listening)) continue;
+    struct stat st;
+    fstat(fd, &st);
+    auto same =
+        std::find_if(seen.begin(), seen.end(), [&](auto &p) { return p.first == st.st_ino; });
+    if (same != seen.end()) {
+      if (same->second) alias_fd(fd, same->second);
+      continue;
+    }
+    seen.emplace_back(st.st_ino, nullptr);
+    if (listening) {  // as listen() marks it (the previous image's mark went with it)
+      if (std::shared_ptr<Sock> s = track_fd(fd, domain, nonblocking_fd(fd))) {
+        handshake_listen(*s);
+        seen.back().second = s;
+      }
+      continue;
+    }
+    const uint16_t port = local_port(fd);
+    auto mk =
+        std::find_if(markers.begin(), markers.end(), [&](auto &p) { return p.second == port; });
+    if (mk != markers.end()) {
+      // A client connection whose previous image abandoned the handshake: TCP, with the
+      // marker held until it closes (the server may not have looked yet).
+      if (std::shared_ptr<Sock> s = track_fd(fd, domain, nonblocking_fd(fd))) {
+        real().fcntl(mk->first, F_SETFD, FD_CLOEXEC);
+        s->mark_fd = mk->first;
+        s->role = Role::kClient;
+        s->reason = "exec";
+        seen.back().second = s;
+      }
+      continue;
+    }
+    sockaddr_storage peer{};
+    socklen_t plen = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0 ||
+        !address_is_local(reinterpret_cast<sockaddr *>(&peer)))
+      continue;
+    std::shared_ptr<Sock> s = track_fd(fd, domain, nonblocking_fd(fd));
+    if (!s) continue;
+    seen.back().second = s;
+    if (name_held('C', port_of(reinterpret_cast<sockaddr *>(&peer)))) {
+      // Accepted by the previous image, and its client (with the layer) waits to negotiate.
+      s->role = Role::kServer;
+      s->state = State::kServerPending;
+      logf("fd %d: inherited with a client negotiating on it: taken up", fd);
+    } else {
+      // Maybe an SDP connection of an ancestor (system(), popen(), posix_spawn(), a fork()ed
+      // child's exec): if this program uses it, the ancestors are asked to hand it back.
+      s->ask_ancestors = true;
     }
   }
 }

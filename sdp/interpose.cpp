@@ -15,6 +15,7 @@
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -27,7 +28,6 @@
 
 namespace sdp {
 
-void multiplex_forget(Sock &s, bool program_keeps_fd);  // multiplex.cpp
 void multiplex_close_epoll(int epfd);
 
 namespace {
@@ -129,33 +129,32 @@ std::shared_ptr<Sock> track(int fd, int domain, bool nonblocking) {
   if (kfd < 0) return nullptr;
   auto s = std::make_shared<Sock>(kfd, domain);
   s->nonblocking = nonblocking;
+  struct stat st;
+  if (fstat(kfd, &st) == 0) s->ino = st.st_ino;
   map_fd(fd, s);
   return s;
 }
 
-void release(const std::shared_ptr<Sock> &s) {
-  multiplex_forget(*s, false);
-  if (s->state == State::kSdp && !s->inherited)
-    stream_close(*s);
-  else if (s->state == State::kSdp)
-    write_stats(*s);
-  handshake_forget(*s);
-  if (!s->inherited) link_destroy(s->link);
+// The program let go of an SDP connection: a FIN, or, when another process may hold the
+// kernel socket too, the hand-back to TCP (that process goes on with it over TCP). True when
+// the connection lingers (closed with data the peer has not read: stream_close).
+bool end_connection(Sock &s) {
+  if (maybe_shared(s)) {
+    stream_revert(s);
+    return false;
+  }
+  return stream_close(s);
 }
 
-// A fork()ed child's SDP connections: their QPs live in the parent. The child's calls on
-// them fail with ECONNRESET, and its close leaves the parent's connection alone. A
-// connection still pending is negotiated by whichever process uses it first, with its own QP.
-void mark_inherited() {
-  stats_after_fork();
-  for (auto &kv : *tab) {
-    Sock &s = *kv.second;
-    if (!s.link.qp) continue;
-    s.inherited = true;
-    if (!s.error) s.error = ECONNRESET;
-    // Its line in this process counts what this process moved over it: nothing.
-    s.stats.bcopy_tx = s.stats.bcopy_rx = s.stats.zcopy_tx = s.stats.zcopy_rx = 0;
-  }
+// The layer's part of a socket the program closed; true when its descriptor stays open
+// (the connection lingers) and must not be closed by the caller.
+bool release(const std::shared_ptr<Sock> &s) {
+  multiplex_forget(*s, false);
+  bool lingers = false;
+  if (s->state == State::kSdp && !inherited(*s)) lingers = end_connection(*s);
+  handshake_forget(*s);
+  if (!inherited(*s) && !lingers) link_destroy(s->link);
+  return lingers;
 }
 
 // Settles a socket still negotiating before data calls; false with errno when it cannot yet.
@@ -173,13 +172,51 @@ const Real &real() {
   return r;
 }
 
-std::shared_ptr<Sock> find_sock(int fd) {
+namespace {
+
+std::shared_ptr<Sock> lookup(int fd) {
   if (fd < 0) return nullptr;
   if (fd < kFast)
     return fast[fd].load(std::memory_order_acquire) == 1 ? fast_sock[fd].load() : nullptr;
   std::lock_guard<std::mutex> lk(tab_mu);
   auto it = tab->find(fd);
   return it == tab->end() ? nullptr : it->second;
+}
+
+// Takes a forked child's copy of an SDP connection (or a socket another process may hold
+// as one) out of the table: the kernel serves it here, and the process that has the
+// connection is asked to hand it back to TCP, since this one uses it now. The epoll sets
+// it may be in are the parent's too: left alone.
+void drop_inherited(const std::shared_ptr<Sock> &s) {
+  if (s->ino) ask_hand_back(inherited(*s) ? s->owner : kAncestors, s->ino);
+  {
+    std::lock_guard<std::mutex> lk(tab_mu);
+    for (auto it = tab->begin(); it != tab->end();) {
+      if (it->second != s) {
+        ++it;
+        continue;
+      }
+      if (it->first < kFast) {
+        fast[it->first].store(0, std::memory_order_release);
+        fast_gen[it->first].fetch_add(1, std::memory_order_acq_rel);
+        fast_sock[it->first].store(nullptr);
+      }
+      it = tab->erase(it);
+    }
+  }
+  s->refs = 0;
+  real().close(s->fd);
+}
+
+}  // namespace
+
+std::shared_ptr<Sock> find_sock(int fd) {
+  std::shared_ptr<Sock> s = lookup(fd);
+  if (s && (inherited(*s) || s->ask_ancestors)) {
+    drop_inherited(s);
+    return nullptr;
+  }
+  return s;
 }
 
 void forget_sock(int kfd) {
@@ -215,12 +252,10 @@ void note_epoll_fd(int epfd, bool on) {
 
 Sock::~Sock() {}
 
-namespace {
-
 // A program that exits without closing its connections: as the kernel sends TCP's FIN for
 // it, the layer sends each SDP connection's FIN (the peer reads EOF, not a reset), and writes
 // their stats lines. Registered at the first SDP connection, after the provider set up its
-// own exit work, so that it runs before it.
+// own exit work, so that it runs before it; _exit runs it too (process.cpp).
 void close_all_at_exit() {
   std::vector<std::shared_ptr<Sock>> all;
   {
@@ -230,30 +265,71 @@ void close_all_at_exit() {
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());  // dup'd descriptors: once
   for (auto &s : all) {
-    if (s->state != State::kSdp || s->inherited) continue;
+    if (s->state != State::kSdp || inherited(*s)) continue;
     multiplex_forget(*s, false);  // before its link goes: an epoll scan may look at it
-    stream_close(*s);
+    end_connection(*s);
   }
-}
-
-pid_t exit_handler_pid = 0;
-
-}  // namespace
-
-void note_sdp_connection() {
-  std::lock_guard<std::mutex> lk(tab_mu);
-  if (exit_handler_pid == getpid()) return;
-  exit_handler_pid = getpid();
-  atexit(close_all_at_exit);
+  stream_linger_wait(2000);  // the process's end would take the rings the peers still read
 }
 
 namespace {
+pid_t exit_handler_pid = 0;
+}  // namespace
+
+void note_sdp_connection() {
+  {
+    std::lock_guard<std::mutex> lk(tab_mu);
+    if (exit_handler_pid == getpid()) return;
+    exit_handler_pid = getpid();
+    atexit(close_all_at_exit);
+  }
+  hand_back_listen();
+}
+
+std::shared_ptr<Sock> track_fd(int fd, int domain, bool nonblocking) {
+  return track(fd, domain, nonblocking);
+}
+
+void alias_fd(int fd, const std::shared_ptr<Sock> &s) {
+  map_fd(fd, s);
+}
+
+std::vector<SockUse> table_snapshot() {
+  std::vector<SockUse> v;
+  std::unordered_map<const Sock *, size_t> at;
+  std::lock_guard<std::mutex> lk(tab_mu);
+  for (auto &[fd, s] : *tab) {
+    int fl = real().fcntl(fd, F_GETFD, 0);
+    bool keeps = fl >= 0 && !(fl & FD_CLOEXEC);
+    auto [it, fresh] = at.emplace(s.get(), v.size());
+    if (fresh)
+      v.push_back({s, keeps});
+    else
+      v[it->second].survives_exec |= keeps;
+  }
+  return v;
+}
+
+namespace {
+
 struct Init {
   Init() {
     (void)real();
-    pthread_atfork(nullptr, nullptr, mark_inherited);
+    pthread_atfork(nullptr, process_fork_parent, process_fork_child);
+    process_start();
   }
 } init;
+
+}  // namespace
+
+void leave_layer(Sock &s) {
+  // Out of the epoll sets before the link goes (a scan looks at links without the lock).
+  if (!stream_on_tcp(s)) return;
+  multiplex_forget(s, true);
+  if (stream_leave(s)) forget_sock(s.fd);  // once: the descriptor may be reused after
+}
+
+namespace {
 
 // The SDP socket of fd, settled out of negotiation; nullptr when the kernel serves fd.
 std::shared_ptr<Sock> sdp_of(int fd, bool *failed) {
@@ -264,6 +340,10 @@ std::shared_ptr<Sock> sdp_of(int fd, bool *failed) {
     *failed = true;
     return s;
   }
+  if (s->state == State::kSdp && s->tx_tcp) {
+    leave_layer(*s);
+    if (s->state != State::kSdp) return nullptr;
+  }
   return s->state == State::kSdp ? s : nullptr;
 }
 
@@ -273,7 +353,7 @@ Sock *cached_sdp(int fd) {
   if (fd < 0 || fd >= kFast || fd != lookup_cache.fd) return nullptr;
   if (fast_gen[fd].load(std::memory_order_acquire) != lookup_cache.gen) return nullptr;
   Sock *s = lookup_cache.sock.get();
-  return s && s->state == State::kSdp ? s : nullptr;
+  return s && s->state == State::kSdp && !s->tx_tcp && !inherited(*s) ? s : nullptr;
 }
 
 Sock *sdp_for_io(int fd, bool *failed, bool *handled) {
@@ -294,12 +374,20 @@ Sock *sdp_for_io(int fd, bool *failed, bool *handled) {
   return raw;
 }
 
+// kServedByKernel: the caller makes the call on the kernel's socket.
+ssize_t kernel_serves(Sock &s, bool *handled) {
+  leave_layer(s);
+  *handled = false;
+  return 0;
+}
+
 ssize_t do_send(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
   bool failed;
   Sock *s = sdp_for_io(fd, &failed, handled);
   if (failed) return -1;
   if (!s) return 0;
-  return stream_send(*s, iov, cnt, flags);
+  ssize_t r = stream_send(*s, iov, cnt, flags);
+  return r == kServedByKernel ? kernel_serves(*s, handled) : r;
 }
 
 ssize_t do_recv(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
@@ -307,7 +395,8 @@ ssize_t do_recv(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
   Sock *s = sdp_for_io(fd, &failed, handled);
   if (failed) return -1;
   if (!s) return 0;
-  return stream_recv(*s, iov, cnt, flags);
+  ssize_t r = stream_recv(*s, iov, cnt, flags);
+  return r == kServedByKernel ? kernel_serves(*s, handled) : r;
 }
 
 void fill_peer(int fd, sockaddr *addr, socklen_t *len) {
@@ -389,10 +478,8 @@ SDP_EXPORT int close(int fd) {
     note_epoll_fd(fd, false);
   }
   if (fd >= 0 && f == 1) {
-    if (std::shared_ptr<Sock> s = unmap_fd(fd)) {
-      release(s);
-      real().close(s->fd);
-    }
+    if (std::shared_ptr<Sock> s = unmap_fd(fd))
+      if (!release(s)) real().close(s->fd);
   }
   return real().close(fd);
 }
@@ -516,6 +603,15 @@ SDP_EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count) {
     if (n == 0) break;
     iovec v{buf, size_t(n)};
     ssize_t w = stream_send(*s, &v, 1, 0);
+    if (w == kServedByKernel) {  // the connection went back to TCP: the kernel sends the rest
+      leave_layer(*s);
+      if (!offset) lseek(in, -n, SEEK_CUR);
+      off_t at = offset ? *offset + off_t(done) : 0;
+      ssize_t k = real().sendfile(out, in, offset ? &at : nullptr, count - done);
+      if (k > 0) done += size_t(k);
+      if (offset) *offset += off_t(done);
+      return done || k >= 0 ? ssize_t(done) : -1;
+    }
     if (w < 0) {
       int err = errno;
       if (!offset) lseek(in, -n, SEEK_CUR);  // not sent: the file position stays before it
@@ -591,10 +687,8 @@ static int after_dup_to(int fd, int nfd, int r) {
   if (r < 0 || fd == nfd) return r;
   std::shared_ptr<Sock> s = find_sock(fd);
   // nfd was closed by the kernel: release what the layer held for it.
-  if (std::shared_ptr<Sock> old = unmap_fd(nfd)) {
-    release(old);
-    real().close(old->fd);
-  }
+  if (std::shared_ptr<Sock> old = unmap_fd(nfd))
+    if (!release(old)) real().close(old->fd);
   if (s) map_fd(nfd, s);
   return r;
 }

@@ -39,14 +39,26 @@ int64_t now_ns() {
 }
 
 // Readiness of a socket the layer holds, as poll reports it; -1 when the kernel now serves
-// it (it stayed on TCP).
+// it (it stayed on TCP, or went back to it).
 int sock_revents(const std::shared_ptr<Sock> &s, short events, uint64_t *changes = nullptr) {
   if (negotiating(*s)) {
     std::lock_guard<SockMutex> lk(s->mu);
     handshake_progress(*s, false);
   }
   if (s->state != State::kSdp) return sdp_like(*s) ? 0 : -1;
-  return stream_poll(*s, changes) & (events | POLLERR | POLLHUP | POLLNVAL);
+  bool on_tcp = false;
+  short r = stream_poll(*s, changes, &on_tcp);
+  if (on_tcp) {
+    leave_layer(*s);
+    return -1;
+  }
+  return r & (events | POLLERR | POLLHUP | POLLNVAL);
+}
+
+// What the kernel is asked about an SDP socket's own descriptor: its end (and, until it
+// holds data that is not the layer's, readability).
+short own_events(const Sock &s) {
+  return short(s.tcp_early ? POLLRDHUP : POLLIN | POLLRDHUP);
 }
 
 // A wait's end: deadline_ns < 0 waits for ever.
@@ -99,7 +111,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     const size_t plain = k.size();
     for (nfds_t i = 0; i < n; ++i)
       if (socks[i]) {
-        k.push_back({socks[i]->fd, POLLIN | POLLRDHUP, 0});
+        k.push_back({socks[i]->fd, own_events(*socks[i]), 0});
         kidx.push_back(i);
       }
     if (!k.empty() && real().poll(k.data(), k.size(), 0) > 0) {
@@ -110,7 +122,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
       for (size_t j = plain; j < k.size(); ++j) {
         if (!k[j].revents) continue;
         const nfds_t i = kidx[j];
-        stream_check_peer(*socks[i]);
+        stream_check_peer(*socks[i], k[j].revents & (POLLRDHUP | POLLHUP | POLLERR));
         const bool was = fds[i].revents != 0;
         int r = sock_revents(socks[i], fds[i].events);
         fds[i].revents = short(r > 0 ? r : 0);
@@ -140,7 +152,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     }
     bool late = false;
     for (nfds_t i = 0; i < n && !late; ++i)
-      if (socks[i]) late = sock_revents(socks[i], fds[i].events) > 0;
+      if (socks[i]) late = sock_revents(socks[i], fds[i].events) != 0;  // -1: it left
     if (late) {
       for (nfds_t i = 0; i < n; ++i)
         if (socks[i]) --socks[i]->sleepers;
@@ -149,7 +161,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     const size_t chan_end = k.size();
     for (nfds_t i = 0; i < n; ++i)
       if (socks[i]) {
-        k.push_back({socks[i]->fd, POLLIN | POLLRDHUP, 0});
+        k.push_back({socks[i]->fd, own_events(*socks[i]), 0});
         kidx.push_back(i);
       }
     const size_t sock_end = k.size();
@@ -173,7 +185,8 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     for (size_t j = kernel_n; j < chan_end; ++j)
       if (k[j].revents) link_drain(socks[kidx[j]]->link);
     for (size_t j = chan_end; j < sock_end; ++j)
-      if (k[j].revents) stream_check_peer(*socks[kidx[j]]);
+      if (k[j].revents)
+        stream_check_peer(*socks[kidx[j]], k[j].revents & (POLLRDHUP | POLLHUP | POLLERR));
   }
 }
 
@@ -366,7 +379,7 @@ int scan(int epfd, EpSet &set, epoll_event *out, int max, bool full) {
       // Safe without the socket's lock: its link goes only after close took the
       // registration out of this set, under the set's lock held here.
       const Sock &s = *reg.s;
-      if (!full && reg.idle && s.state == State::kSdp && !s.inherited &&
+      if (!full && reg.idle && s.state == State::kSdp && !inherited(s) &&
           s.mu.changes() == reg.idle_changes && !link_has_news(s.link))
         continue;
       todo.push_back({fd, reg.s, reg.events});
@@ -453,9 +466,16 @@ int take_kernel(int epfd, EpSet &set, epoll_event *k, int kn, epoll_event *out, 
     }
     const uint64_t kind = k[i].data.u64 & 3;
     if (s && kind == 0 && s->state == State::kSdp) {
-      stream_check_peer(*s);
+      stream_check_peer(*s, k[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR));
       // Its end stays readable for good: the stream reports it from now on (level).
-      if (s->peer_gone) real().epoll_ctl(epfd, EPOLL_CTL_DEL, s->fd, nullptr);
+      if (s->peer_gone) {
+        real().epoll_ctl(epfd, EPOLL_CTL_DEL, s->fd, nullptr);
+      } else if (s->tcp_early) {
+        epoll_event ev{};
+        ev.events = EPOLLRDHUP;
+        ev.data.u64 = tag(fd, 0);
+        real().epoll_ctl(epfd, EPOLL_CTL_MOD, s->fd, &ev);
+      }
     }
     if (kind == 1) link_drain_channel(fd);  // fd: the channel's own
     if (s && kind == 2) stream_take_kick(*s);
@@ -578,7 +598,10 @@ void multiplex_forget(Sock &s, bool program_keeps_fd) {
       if (!it->second.kernel) {
         unwatch(epfd, *set, it->second);
         if (program_keeps_fd && !it->second.ghost) {
-          epoll_event ev{it->second.events, it->second.data};
+          // A oneshot registration that fired stays disabled until the program re-arms it.
+          const uint32_t events = it->second.disabled ? EPOLLONESHOT | (it->second.events & EPOLLET)
+                                                      : it->second.events;
+          epoll_event ev{events, it->second.data};
           real().epoll_ctl(epfd, EPOLL_CTL_ADD, it->first, &ev);
         }
       }

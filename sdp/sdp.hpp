@@ -126,16 +126,34 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags);
 ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags);
 // Readiness as poll() reports it (POLLIN/POLLOUT/POLLRDHUP/POLLHUP/POLLERR), after progress.
 // *changes: s.mu.changes() as this call left it (see SockMutex).
-short stream_poll(Sock &s, uint64_t *changes = nullptr);
+// *on_tcp: the connection went back to TCP (stream_leave, then the kernel serves it).
+short stream_poll(Sock &s, uint64_t *changes = nullptr, bool *on_tcp = nullptr);
 // Arms the completion channel so that the next arrival wakes a sleeper; false if something
 // arrived meanwhile (do not sleep).
 bool stream_arm(Sock &s);
-// The kernel reported the socket's own descriptor readable: has the peer closed it?
-void stream_check_peer(Sock &s);
+// The kernel reported the socket's own descriptor readable (hup: its end closed): has the
+// peer closed it?
+void stream_check_peer(Sock &s, bool hup = false);
 // Consumes a kick (another thread took this socket's wakeup).
 void stream_take_kick(Sock &s);
 int stream_shutdown(Sock &s, int how);
-void stream_close(Sock &s);
+// True when the connection lingers (see stream_linger_wait): its link and descriptor stay.
+bool stream_close(Sock &s);
+// Hands the connection back to TCP (this process stops being its SDP end while the kernel
+// socket lives on: in a forked child, or in this process after exec), then closes the link.
+void stream_revert(Sock &s);
+// Returned by stream_send/stream_recv: the call belongs to the kernel (the peer handed the
+// connection back to TCP); the caller leaves the layer first when stream_on_tcp() says so.
+constexpr ssize_t kServedByKernel = -2;
+// Whether the peer's hand-back is complete here (its records before it all consumed).
+bool stream_on_tcp(Sock &s);
+// The layer lets go of a connection that went back to TCP; true for the one call that did
+// (it then forgets the socket).
+bool stream_leave(Sock &s);
+// Closed connections whose peer has not read everything stay (their rings, their TCP
+// socket) until it has, or handed them back, or 10 s passed: the flusher thread sees to
+// them; at exit the process waits for them up to wait_ms.
+void stream_linger_wait(int wait_ms);
 int stream_fionread(Sock &s);
 // Has the flusher thread post this socket's coalesced sends soon (s.mu held).
 void flusher_add(Sock &s);
@@ -153,7 +171,24 @@ void handshake_accepted(Sock &s);
 // what has arrived allows (wait: blocks until decided). Returns false with errno EAGAIN
 // when not decided yet and !wait.
 bool handshake_progress(Sock &s, bool wait);
+// Before exec, for a socket the new image keeps: a handshake this image started is ended
+// (abandoned, or finished within a bounded wait); true when it ended as SDP.
+bool handshake_before_exec(Sock &s);
+// At start, over the descriptors inherited from the previous image (exec): a socket a
+// client with the layer negotiates over, or a listener, is taken up as accept() or listen()
+// would; a client socket whose handshake that image abandoned gets its marker back.
+void handshake_adopt(const std::vector<int> &fds);
 void handshake_forget(Sock &s);  // closes the listener mark / client marker
+
+// ---- processes (process.cpp) ---------------------------------------------------------------
+// Forks this process descends through: a child's count is one more than its parent's was.
+// Bumped in the child's fork handler (no heap: the provider has not yet made the child's
+// registered memory private then). What a socket made or negotiated in another generation
+// belongs to an ancestor.
+extern std::atomic<uint32_t> g_fork_gen;
+// Bumped whenever another process may have got this one's descriptors (fork, spawn, a
+// vfork()ed child's exec): a socket made before the last bump may be held elsewhere.
+extern std::atomic<uint64_t> g_share_epoch;
 
 // ---- the socket ---------------------------------------------------------------------------
 enum class State {
@@ -195,8 +230,17 @@ struct Sock : std::enable_shared_from_this<Sock> {
   // program may dup and close its descriptors in any order. It gives addresses and options,
   // carries the handshake, and says when the peer's process has gone.
   const int fd;
-  int refs = 0;            // the program's descriptors naming this socket
-  bool inherited = false;  // a fork()ed child's copy: its QP belongs to the parent
+  int refs = 0;      // the program's descriptors naming this socket
+  uint64_t ino = 0;  // the kernel socket's inode: how other processes name it
+  pid_t owner = 0;   // the process that negotiated the link
+  // A socket an ancestor may hold as an SDP connection (inherited across exec): the kernel
+  // serves it here; at its first use the ancestors are asked to hand it back to TCP.
+  bool ask_ancestors = false;
+  const uint32_t made_gen = g_fork_gen.load(std::memory_order_relaxed);
+  const uint64_t made_epoch = g_share_epoch.load(std::memory_order_relaxed);
+  // The generation whose handshake made the link (~0u: no link): in a forked child the QP
+  // is the parent's, and the child uses the socket as TCP.
+  std::atomic<uint32_t> link_gen{~0u};
   const int domain;
   State state = State::kCandidate;
   Role role = Role::kClient;
@@ -223,15 +267,26 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t peer_polled = 0;
   uint64_t peer_zc_done = 0;
   uint64_t src_seq = 0;     // SrcAvail advertisements sent
+  uint64_t zc_waiting = 0;  // the one whose send() waits for the peer to read it (0: none)
   uint32_t unsignaled = 0;  // posts since the last signaled one
   uint32_t sq_used = 0;     // posted and not known complete
   bool fin_sent = false;
+  // The peer handed the connection back to TCP: this side's sends go to the kernel socket,
+  // after the backlog (what the peer had not read, sent again; written without waiting).
+  std::atomic<bool> tx_tcp{false};
+  std::string backlog;
+  size_t backlog_off = 0;
+  uint64_t linger_until_ns = 0;  // closed with data the peer has not read: kept until then
 
   // Receive side: the records the peer wrote into this side's ring.
   uint64_t rx_produced = 0;  // ring bytes announced by the peer's immediates
   uint64_t rx_pos = 0;       // ring bytes consumed (whole records)
   uint64_t rx_scan = 0;      // records looked at for a FIN (poll reports it before recv)
   bool fin_arrived = false;
+  uint64_t revert_at = ~0ull;  // ring position of the peer's REVERT (nothing follows it)
+  // The kernel socket holds data before the peer's REVERT arrived (its forked child writes):
+  // watched for its end only, or the waits would spin.
+  std::atomic<bool> tcp_early{false};
   uint32_t rec_off = 0;  // payload bytes of the record at rx_pos already delivered
   uint64_t polled = 0;   // immediates reaped
   uint64_t acked_consumed = 0, acked_polled = 0;
@@ -254,6 +309,20 @@ struct Sock : std::enable_shared_from_this<Sock> {
   bool stats_written = false;
 };
 
+// A forked child's copy of a connection (or handshake) whose QP is its parent's.
+inline bool inherited(const Sock &s) {
+  const uint32_t g = s.link_gen.load(std::memory_order_relaxed);
+  return g != ~0u && g != g_fork_gen.load(std::memory_order_relaxed);
+}
+// Made by this process (not by an ancestor before a fork).
+inline bool made_here(const Sock &s) {
+  return s.made_gen == g_fork_gen.load(std::memory_order_relaxed);
+}
+// Another process may hold its kernel socket too: letting go of it hands it back to TCP.
+inline bool maybe_shared(const Sock &s) {
+  return s.made_epoch != g_share_epoch.load(std::memory_order_relaxed);
+}
+
 // Connected and SDP, or negotiating to be.
 inline bool sdp_like(const Sock &s) {
   return s.state != State::kCandidate && s.state != State::kListener;
@@ -265,11 +334,39 @@ inline bool negotiating(const Sock &s) {
 // The fd table (interpose.cpp).
 std::shared_ptr<Sock> find_sock(int fd);
 void forget_sock(int fd);  // the socket stays on the kernel's TCP: the layer lets go of it
+// A connection the peer handed back to TCP leaves the layer once what came before is read.
+void leave_layer(Sock &s);
 void write_stats(Sock &s);
-// In a fork()ed child: its totals (the line written at exit) start from zero.
-void stats_after_fork();
+// Before exec or daemon(), which end this process image without its exit handlers: its
+// totals line (if it had connections), then zero.
+void stats_end_image();
 // A connection went SDP: make sure the process's exit closes such connections as TCP's would.
 void note_sdp_connection();
+// Takes fd into the table (a socket inherited across exec: process.cpp).
+std::shared_ptr<Sock> track_fd(int fd, int domain, bool nonblocking);
+void alias_fd(int fd, const std::shared_ptr<Sock> &s);  // another descriptor of the socket
+// Each socket of the table once, with whether one of its descriptors survives exec.
+struct SockUse {
+  std::shared_ptr<Sock> s;
+  bool survives_exec;
+};
+std::vector<SockUse> table_snapshot();
+void multiplex_forget(Sock &s, bool program_keeps_fd);  // multiplex.cpp
+
+// ---- process.cpp: fork, exec, spawn, daemon ----------------------------------------------
+// At load: the state of this process; sockets a previous image left pending are taken up.
+void process_start();
+// Asks process `owner` (kAncestors: each ancestor) to hand the connection of kernel socket
+// `ino` back to TCP: it may hold it as an SDP connection while this process uses the socket.
+constexpr pid_t kAncestors = -1;
+void ask_hand_back(pid_t owner, uint64_t ino);
+// The first SDP connection of this process: it takes such requests from now on.
+void hand_back_listen();
+void process_fork_parent();  // fork handlers: counters only, no heap
+void process_fork_child();
+// Closes every SDP connection as exit would (FIN, or the hand-back where shared); waits a
+// little for connections closed with data the peer has not read.
+void close_all_at_exit();
 
 // The real libc functions (interpose.cpp).
 struct Real {

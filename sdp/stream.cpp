@@ -4,7 +4,8 @@
 // write carries whole records (16-byte header, payload padded to 16) and its immediate says
 // how many ring bytes it adds, so the completion is what tells the receiver. Records: DATA
 // (BCopy payload), SRC_AVAIL (Read ZCopy: the sink RDMA-READs the source's buffer), FIN
-// (no more data: shutdown or close), PAD (skip to the ring's start).
+// (no more data: shutdown or close), PAD (skip to the ring's start), REVERT (the connection
+// goes back to TCP, see stream_revert).
 // The receiver returns credits with an ack: a write with immediate kImmAck of an AckBlock
 // into the sender's ack slot (ring bytes consumed, immediates reaped, SrcAvails read, cancel
 // answers). A sender never has more ring bytes or immediates outstanding than the peer has
@@ -14,6 +15,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -22,13 +24,14 @@
 #include <algorithm>
 #include <condition_variable>
 #include <thread>
+#include <vector>
 
 #include "sdp.hpp"
 
 namespace sdp {
 namespace {
 
-enum RecType : uint8_t { kData = 1, kPad = 2, kSrcAvail = 3, kFin = 4 };
+enum RecType : uint8_t { kData = 1, kPad = 2, kSrcAvail = 3, kFin = 4, kRevert = 5 };
 enum RecFlag : uint8_t { kWantAck = 1 };
 struct Rec {
   uint32_t len;  // payload bytes
@@ -42,6 +45,12 @@ struct SrcAvail {
   uint64_t addr;
   uint32_t rkey;
   uint32_t len;
+};
+// REVERT's payload: how far the side handing back had consumed the other's stream (a record
+// position, and the bytes of that record already delivered or read).
+struct RevertAt {
+  uint64_t rx_pos;
+  uint64_t rec_off;
 };
 
 constexpr uint32_t kImmAck = 0x80000000u;
@@ -65,15 +74,16 @@ uint64_t credit_bytes(const Sock &s) {
 uint64_t credit_msgs(const Sock &s) {
   return s.link.remote.recv_depth - (s.tx_msgs - s.peer_polled);
 }
-// Data (and zero-copy advertisements) leave room for a FIN, so that close never waits on a
-// peer that does not read: the ring bytes of a pad and a FIN, and one write for it.
-constexpr uint64_t kFinReserve = 32;
+// Data (and zero-copy advertisements) leave room for a FIN and a REVERT, so that close never
+// waits on a peer that does not read: the ring bytes of each with a pad before it.
+constexpr uint64_t kFinReserve = 96;
 uint64_t data_credit(const Sock &s) {
   uint64_t c = credit_bytes(s);
   return c > kFinReserve ? c - kFinReserve : 0;
 }
 
 bool flush(Sock &s, bool fin = false);
+void linger_add(Sock &s);  // below, with the flusher
 
 void set_error(Sock &s, int err) {
   if (!s.error) {
@@ -122,7 +132,7 @@ void fill_ack(Sock &s) {
 }
 
 bool send_ack(Sock &s) {
-  if (!s.link.qp || s.inherited) return false;
+  if (!s.link.qp || inherited(s) || s.tx_tcp) return false;
   if (s.error || credit_msgs(s) < 1) {
     s.ack_wanted = true;  // sent when credits come back
     return false;
@@ -171,13 +181,16 @@ void answer_cancel(Sock &s) {
   send_ack(s);
 }
 
+void take_revert(Sock &s);
+
 // Reaps completions: immediates (ring bytes or acks), send-queue progress, errors.
 void progress(Sock &s) {
   Link &l = s.link;
   // A fork()ed child's copy must not take the parent's completions (the CQ is shared memory).
-  if (!l.cq || s.inherited) return;
+  if (!l.cq || inherited(s)) return;
   ibv_wc wc[32];
   uint32_t recvs = 0;
+  bool writes_failed = false;
   for (;;) {
     int n = link_poll(l, wc, 32);
     if (n <= 0) break;
@@ -189,8 +202,14 @@ void progress(Sock &s) {
           if (w.status != IBV_WC_WR_FLUSH_ERR || w.wr_id) s.sq_used = 0;
           if (s.reads_pending) --s.reads_pending;
         }
-        set_error(s, ECONNRESET);
-        logf("fd %d: completion %s", s.fd, ibv_wc_status_str(w.status));
+        // A READ's bytes are lost with the peer's buffer. Writes and receives failing after
+        // the peer handed the connection back are expected (its ring went): the REVERT
+        // before them, found below, says so.
+        if (w.opcode == IBV_WC_RDMA_READ)
+          set_error(s, ECONNRESET);
+        else
+          writes_failed = true;
+        if (s.revert_at == ~0ull) logf("fd %d: completion %s", s.fd, ibv_wc_status_str(w.status));
         continue;
       }
       if (w.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
@@ -221,13 +240,20 @@ void progress(Sock &s) {
       }
     }
   }
-  if (recvs && !link_post_recvs(l, recvs)) set_error(s, ECONNRESET);
+  if (recvs && !link_post_recvs(l, recvs)) writes_failed = true;
   // A FIN is reported by poll (POLLRDHUP) as soon as it arrives, before recv reaches it.
-  while (s.rx_scan < s.rx_produced) {
+  while (s.revert_at == ~0ull && s.rx_scan < s.rx_produced) {
     const Rec *r = reinterpret_cast<const Rec *>(l.ring + (s.rx_scan & (l.ring_bytes - 1)));
     if (r->type == kFin) s.fin_arrived = true;
+    if (r->type == kRevert) {
+      s.revert_at = s.rx_scan;
+      take_revert(s);
+      break;
+    }
     s.rx_scan += kRound + round16(r->len);
   }
+  if (writes_failed && s.revert_at == ~0ull) set_error(s, ECONNRESET);
+  if (s.tx_tcp) return;  // no acks into a ring that is going
   if (s.peer_cancel_req > s.cancel_answered) answer_cancel(s);
   // A side that only sends still reaps the peer's acks: it must say so, or the peer runs
   // out of receives to ack into.
@@ -235,16 +261,111 @@ void progress(Sock &s) {
 }
 
 // The kernel socket of an SDP connection carries nothing after the handshake: readable
-// means the peer's process closed it, or died.
-void check_peer(Sock &s) {
+// means the peer's process closed it, or died; or, when it holds data, that a process the
+// peer forked writes there, and the peer's REVERT follows (stream_revert).
+void check_peer(Sock &s, bool hup = false) {
   if (s.peer_gone) return;
   char c;
   ssize_t r = real().recvfrom(s.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT, nullptr, nullptr);
+  if (r > 0 && s.state == State::kSdp && s.revert_at == ~0ull && !s.tcp_early) {
+    s.tcp_early = true;
+    logf("fd %d: data on the TCP socket before the peer's REVERT", s.fd);
+  }
+  if (r > 0 && hup && s.tcp_early && s.revert_at == ~0ull) {
+    // Every holder closed its end, and the side that had the connection never handed it
+    // back (it died): what it had not read is lost.
+    s.peer_gone = true;
+    progress(s);
+    logf("fd %d: the peer's end closed without handing the connection back", s.fd);
+    return;
+  }
   if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
     s.peer_gone = true;
     progress(s);  // whatever it wrote before closing is in the CQ by now
     if (!s.peer_fin) logf("fd %d: peer closed its socket without FIN", s.fd);
   }
+}
+
+void kick_sleepers(Sock &s) {
+  if (s.sleepers > 0 && s.link.kick_fd >= 0) {
+    uint64_t one = 1;
+    (void)!syscall(SYS_write, s.link.kick_fd, &one, sizeof one);
+  }
+}
+
+// Writes what the backlog holds to the kernel socket without waiting; true once it is empty
+// (then a FIN this side had sent goes as TCP's, and sleepers look again).
+bool drain_backlog(Sock &s) {
+  while (s.backlog_off < s.backlog.size()) {
+    ssize_t n =
+        real().sendto(s.fd, s.backlog.data() + s.backlog_off, s.backlog.size() - s.backlog_off,
+                      MSG_DONTWAIT | MSG_NOSIGNAL, nullptr, 0);
+    if (n > 0) {
+      s.backlog_off += size_t(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    logf("fd %d: %zu bytes to send again over TCP lost (%s)", s.fd,
+         s.backlog.size() - s.backlog_off, strerror(errno));
+    set_error(s, ECONNRESET);
+    break;
+  }
+  const bool had = !s.backlog.empty();
+  std::string().swap(s.backlog);
+  s.backlog_off = 0;
+  if (had) {
+    if (s.fin_sent) real().shutdown(s.fd, SHUT_WR);
+    kick_sleepers(s);
+  }
+  return true;
+}
+
+// The peer handed the connection back to TCP (stream_revert there): what it had not
+// consumed of this side's stream goes again over TCP, in order, from this side's mirror (and
+// a zero-copy send still waiting, from its buffer), ahead of everything this side sends from
+// now on. It goes into a backlog written without waiting (drain_backlog, by this side's
+// calls and the flusher): the process that goes on with the connection may write before it
+// reads. Records before the REVERT are still delivered from the ring.
+void take_revert(Sock &s) {
+  RevertAt at;
+  memcpy(&at, s.link.ring + ((s.revert_at + kRound) & (s.link.ring_bytes - 1)), sizeof at);
+  s.tx_tcp = true;
+  s.pend_rec = ~0ull;
+  const Link &l = s.link;
+  const uint64_t R = l.remote.ring_bytes;
+  // Records start at the peer's acknowledged position (a record boundary, <= at.rx_pos).
+  for (uint64_t q = s.peer_consumed; q < s.tx_pos;) {
+    const Rec r = *reinterpret_cast<const Rec *>(l.mirror + (q & (R - 1)));
+    const char *payload = l.mirror + (q & (R - 1)) + kRound;
+    const uint64_t next = q + kRound + round16(r.len);
+    const uint64_t off = q == at.rx_pos ? at.rec_off : 0;
+    if (next <= at.rx_pos) {
+      // Consumed whole: a zero-copy advertisement among them was read (its ack may not
+      // have come), unless this side had asked to cancel it.
+      if (r.type == kSrcAvail && r.arg > s.cancel_req)
+        s.peer_zc_done = std::max(s.peer_zc_done, r.arg);
+    } else if (r.type == kData && off < r.len) {
+      s.backlog.append(payload + off, r.len - off);
+    } else if (r.type == kSrcAvail && r.arg == s.zc_waiting && r.arg > s.peer_cancel) {
+      // Its send() waits (zc_waiting), so the buffer is the program's as advertised: the
+      // rest is copied, and the send is done.
+      SrcAvail sa;
+      memcpy(&sa, payload, sizeof sa);
+      if (off < sa.len)
+        s.backlog.append(reinterpret_cast<const char *>(sa.addr) + off, sa.len - off);
+      s.peer_zc_done = r.arg;
+    }
+    q = next;
+  }
+  logf("fd %d: the peer handed the connection back to TCP; %zu bytes it had not read go again",
+       s.fd, s.backlog.size());
+  if (s.backlog.empty() && s.fin_sent) real().shutdown(s.fd, SHUT_WR);
+  if (!drain_backlog(s)) flusher_add(s);
+  kick_sleepers(s);  // a zero-copy send asleep in another thread is done
+}
+
+bool revert_at_head(const Sock &s) {
+  return s.rx_pos == s.revert_at;
 }
 
 bool rx_ready(const Sock &s) {
@@ -280,7 +401,7 @@ bool restart_after_signal() {
 // Waits, with s.mu held through `lk` (released while sleeping), until ready() or the
 // connection breaks. Busy-polls for spin_us first. Returns 0; EINTR when a signal came (and
 // the call does not restart); EAGAIN when timeout_ns (> 0) passed; EBADF when another thread
-// closed the socket meanwhile.
+// closed the socket meanwhile (or it went back to TCP: the caller looks at s.state).
 template <class Ready>
 int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
   flush(s);
@@ -320,7 +441,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
       ms = int(std::min<int64_t>(ms, (left + 999999) / 1000000));
     }
     pollfd p[3] = {{s.link.channel->fd, POLLIN, 0},
-                   {s.fd, POLLIN | POLLRDHUP, 0},
+                   {s.fd, short(s.tcp_early ? POLLRDHUP : POLLIN | POLLRDHUP), 0},
                    {s.link.kick_fd, POLLIN, 0}};
     lk.unlock();
     int r = real().poll(p, 3, ms);
@@ -331,7 +452,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
     if (r < 0 && err == EINTR && !restart_after_signal()) return EINTR;
     if (p[0].revents) link_drain(s.link);
     if (p[2].revents) stream_take_kick(s);
-    if (p[1].revents) check_peer(s);
+    if (p[1].revents) check_peer(s, p[1].revents & (POLLRDHUP | POLLHUP | POLLERR));
   }
 }
 
@@ -397,7 +518,7 @@ uint64_t need_bytes(const Sock &s, uint64_t rec) {
 // (and, unless this is the FIN's flush, for the FIN) are kept.
 bool flush(Sock &s, bool fin) {
   if (s.tx_posted == s.tx_pos) return true;
-  if (!s.link.qp || s.inherited) return false;
+  if (!s.link.qp || inherited(s) || s.tx_tcp) return false;
   Link &l = s.link;
   const uint64_t R = l.remote.ring_bytes;
   const uint64_t first = s.tx_posted & (R - 1);
@@ -483,7 +604,7 @@ size_t append_data(Sock &s, IoCursor &cur, size_t want) {
 // the reserve kept for it.
 bool put_record(Sock &s, uint8_t type, uint64_t arg, const void *payload, size_t len) {
   Link &l = s.link;
-  const bool fin = type == kFin;
+  const bool fin = type == kFin || type == kRevert;  // they may use the reserve
   const uint64_t R = l.remote.ring_bytes;
   const uint64_t off = s.tx_pos & (R - 1);
   const uint64_t rec_bytes = kRound + round16(len);
@@ -491,7 +612,7 @@ bool put_record(Sock &s, uint8_t type, uint64_t arg, const void *payload, size_t
     put_pad(s, fin);
     return false;
   }
-  if (!s.link.qp || s.inherited) return false;
+  if (!s.link.qp || inherited(s) || s.tx_tcp) return false;
   if ((fin ? credit_bytes(s) : data_credit(s)) < rec_bytes || credit_msgs(s) < (fin ? 2u : 4u))
     return false;
   s.pend_rec = ~0ull;
@@ -539,14 +660,15 @@ ssize_t zcopy_send(Sock &s, SockLock &lk, void *buf, size_t len, int flags, bool
   SrcAvail sa{reinterpret_cast<uintptr_t>(buf), mr->rkey, uint32_t(len)};
   int err = 0;
   bool posted = false;
-  while (!err && !s.error && !posted) {
+  while (!err && !s.error && !posted && !s.tx_tcp) {
     if (!tx_ready(s, need_bytes(s, 2 * kRound)))
-      err = wait_until(s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)); });
-    if (err || s.error) break;
+      err = wait_until(s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)) || s.tx_tcp; });
+    if (err || s.error || s.tx_tcp) break;
     posted = put_record(s, kSrcAvail, seq, &sa, sizeof sa);
   }
   size_t done = 0;
   if (posted) {
+    s.zc_waiting = seq;
     const uint64_t patience = now_ns() + 1000000;  // 1 ms before suspecting a deadlock
     err = wait_until(s, lk, [&] {
       return s.peer_zc_done >= seq || (peer_src_at_head(s) && now_ns() > patience);
@@ -560,14 +682,16 @@ ssize_t zcopy_send(Sock &s, SockLock &lk, void *buf, size_t len, int flags, bool
       s.cancel_req = seq;
       s.ack_wanted = true;
       send_ack(s);
-      while (!s.error && s.link.qp && s.peer_zc_done < seq && s.peer_cancel < seq)
-        wait_until(s, lk, [&] { return s.peer_zc_done >= seq || s.peer_cancel >= seq; });
+      while (!s.error && s.link.qp && !s.tx_tcp && s.peer_zc_done < seq && s.peer_cancel < seq)
+        wait_until(s, lk,
+                   [&] { return s.peer_zc_done >= seq || s.peer_cancel >= seq || s.tx_tcp; });
       done = s.peer_zc_done >= seq ? len : s.peer_cancel >= seq ? s.peer_cancel_bytes : 0;
       logf("fd %d: cancel of %llu answered: %zu of %zu bytes read (zc_done %llu cancel %llu)", s.fd,
            (unsigned long long)seq, done, len, (unsigned long long)s.peer_zc_done,
            (unsigned long long)s.peer_cancel);
     }
   }
+  s.zc_waiting = 0;
   ibv_dereg_mr(mr);
   s.stats.zcopy_tx += done;
   *interrupted = err == EINTR;
@@ -583,15 +707,34 @@ ssize_t closed_meanwhile() {
   return -1;
 }
 
+// The peer handed the connection back: the kernel takes this side's bytes once the backlog
+// has gone (a blocking send waits for that, a non-blocking one says EAGAIN).
+ssize_t send_after_backlog(Sock &s, SockLock &lk, bool block) {
+  for (;;) {
+    if (drain_backlog(s)) return kServedByKernel;
+    if (!block) {
+      errno = EAGAIN;
+      return -1;
+    }
+    pollfd p{s.fd, POLLOUT, 0};
+    lk.unlock();
+    real().poll(&p, 1, 100);
+    lk.lock();
+    if (!s.link.qp) return s.state == State::kSdp ? closed_meanwhile() : kServedByKernel;
+  }
+}
+
 ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   SockLock lk(s.mu);
-  if (!s.link.qp) return closed_meanwhile();
+  if (!s.link.qp) return s.state == State::kSdp ? closed_meanwhile() : kServedByKernel;
   const bool block = !s.nonblocking && !(flags & MSG_DONTWAIT);
   if (s.fin_sent) {
     errno = EPIPE;
     raise_sigpipe(flags);
     return -1;
   }
+  if (inherited(s)) return kServedByKernel;
+  if (s.tx_tcp) return send_after_backlog(s, lk, block);
   // Completions are reaped when credits run short: a send that fits costs no poll.
   if (s.error) return send_failed(s, 0, flags);
   const size_t total = iov_total(iov, iovcnt);
@@ -614,7 +757,10 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   IoCursor cur(iov, iovcnt);
   cur.advance(sent);
   while (sent < total) {
-    if (!s.link.qp) return sent ? ssize_t(sent) : closed_meanwhile();
+    if (!s.link.qp || s.tx_tcp) {
+      if (sent) return ssize_t(sent);
+      return s.link.qp || s.state != State::kSdp ? kServedByKernel : closed_meanwhile();
+    }
     if (s.fin_sent) {  // shut down by another thread while this one waited
       if (sent) break;
       errno = EPIPE;
@@ -636,8 +782,10 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
       return -1;
     }
     if (int e = wait_until(
-            s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)); }, s.snd_timeo_ns)) {
+            s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)) || s.tx_tcp; },
+            s.snd_timeo_ns)) {
       if (sent) break;
+      if (s.state != State::kSdp) return kServedByKernel;
       errno = e;  // EINTR, EAGAIN (SO_SNDTIMEO), EBADF (closed by another thread)
       return -1;
     }
@@ -647,7 +795,7 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   // blocking send) or, within ~50 us, the flusher thread. The first ones of a burst go at
   // once: a request is never held back from its answer.
   if (++s.burst <= kBurstImmediate || s.tx_pos - s.tx_posted >= kCoalesceBytes) flush(s);
-  if (s.tx_posted != s.tx_pos) flusher_add(s);
+  if (s.tx_posted != s.tx_pos && !s.tx_tcp) flusher_add(s);
   return ssize_t(sent);
 }
 
@@ -708,9 +856,12 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
       if (!consumed) break;  // the caller's buffer is full
     } else if (rec.type == kPad) {
       consumed = true;
+    } else if (rec.type == kRevert) {
+      break;  // the rest comes over TCP
     } else if (rec.type == kFin) {
       if (total || peek) break;
       s.peer_fin = true;
+      s.ack_wanted = true;  // a sender lingering after close learns that all was read
       pos += kRound;
       off = 0;
       break;
@@ -767,11 +918,8 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
 
 ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
   SockLock lk(s.mu);
-  if (!s.link.qp) return closed_meanwhile();
-  if (s.inherited) {
-    errno = ECONNRESET;
-    return -1;
-  }
+  if (!s.link.qp) return s.state == State::kSdp ? closed_meanwhile() : kServedByKernel;
+  if (inherited(s)) return kServedByKernel;  // a forked child's copy: TCP's
   const bool block = !s.nonblocking && !(flags & MSG_DONTWAIT);
   const bool peek = flags & MSG_PEEK;
   const size_t want = iov_total(iov, iovcnt);
@@ -786,6 +934,21 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     got += n;
     if (got == want || (got && !(flags & MSG_WAITALL)) || (got && peek)) return ssize_t(got);
     if (s.peer_fin || want == 0 || (peek && fin_at_head(s))) return ssize_t(got);
+    if (revert_at_head(s)) {
+      if (!got) return kServedByKernel;
+      if (!(flags & MSG_WAITALL)) return ssize_t(got);
+      // The rest comes over TCP: a MSG_WAITALL receive waits for it there.
+      std::vector<iovec> rest;
+      for (; !cur.done(); cur.advance(cur.seg_left())) rest.push_back({cur.ptr(), cur.seg_left()});
+      msghdr m{};
+      m.msg_iov = rest.data();
+      m.msg_iovlen = rest.size();
+      const int fd = s.fd;
+      lk.unlock();
+      ssize_t k = real().recvmsg(fd, &m, flags);
+      lk.lock();
+      return ssize_t(got) + std::max<ssize_t>(k, 0);
+    }
     if (s.error) {
       if (got) return ssize_t(got);
       errno = s.error;
@@ -809,6 +972,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
         s, lk, [&] { return s.rx_pos < s.rx_produced || s.rd_shut; }, s.rcv_timeo_ns);
     if (e) {  // EINTR, EAGAIN (SO_RCVTIMEO), EBADF (closed by another thread)
       if (got) return ssize_t(got);
+      if (s.state != State::kSdp) return kServedByKernel;
       errno = e;
       return -1;
     }
@@ -816,18 +980,27 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
   }
 }
 
-short stream_poll(Sock &s, uint64_t *changes) {
+short stream_poll(Sock &s, uint64_t *changes, bool *on_tcp) {
   SockLock lk(s.mu);
   if (changes) *changes = s.mu.changes() + 1;  // with this call's own release
   if (!s.link.qp) return POLLNVAL;
-  if (s.inherited) return POLLERR | POLLHUP;
+  if (inherited(s)) return POLLERR | POLLHUP;
   flush(s);
   s.burst = 0;
   progress(s);
+  if (revert_at_head(s) && !s.peer_fin && drain_backlog(s)) {  // the kernel answers now
+    if (on_tcp) *on_tcp = true;
+    return 0;
+  }
   short r = 0;
+  if (s.tx_tcp && drain_backlog(s)) {  // the kernel socket takes this side's bytes now
+    pollfd p{s.fd, POLLOUT, 0};
+    if (real().poll(&p, 1, 0) > 0 && (p.revents & POLLOUT)) r |= POLLOUT;
+  }
   if (s.rx_pos < s.rx_produced || s.peer_fin || s.rd_shut) r |= POLLIN;
   if (s.peer_fin || s.fin_arrived) r |= POLLRDHUP;
-  if (s.fin_sent || (tx_ready(s, std::min<uint64_t>(s.link.remote.ring_bytes / 4, 65536))))
+  if (s.fin_sent ||
+      (!s.tx_tcp && tx_ready(s, std::min<uint64_t>(s.link.remote.ring_bytes / 4, 65536))))
     r |= POLLOUT;
   // The peer's end of the kernel socket is looked at when the kernel reports it readable
   // (stream_check_peer from the multiplexers), not here: no system call per idle socket.
@@ -842,9 +1015,9 @@ short stream_poll(Sock &s, uint64_t *changes) {
   return r;
 }
 
-void stream_check_peer(Sock &s) {
+void stream_check_peer(Sock &s, bool hup) {
   std::lock_guard<SockMutex> lk(s.mu);
-  if (s.link.qp) check_peer(s);
+  if (s.link.qp) check_peer(s, hup);
 }
 
 bool stream_arm(Sock &s) {
@@ -863,13 +1036,18 @@ void stream_take_kick(Sock &s) {
 
 int stream_fionread(Sock &s) {
   std::lock_guard<SockMutex> lk(s.mu);
-  if (!s.link.qp || s.inherited) return 0;
+  if (!s.link.qp || inherited(s)) return 0;
   progress(s);
+  if (revert_at_head(s)) {  // the rest is the kernel's
+    int n = 0;
+    return real().ioctl(s.fd, FIONREAD, &n) == 0 ? n : 0;
+  }
   const uint64_t mask = s.link.ring_bytes - 1;
   uint64_t n = 0;
   uint32_t off = s.rec_off;
   for (uint64_t pos = s.rx_pos; pos < s.rx_produced;) {
     const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (pos & mask));
+    if (r->type == kRevert) break;
     if (r->type == kData) n += r->len - off;
     if (r->type == kSrcAvail) {
       SrcAvail sa;
@@ -884,20 +1062,19 @@ int stream_fionread(Sock &s) {
 
 namespace {
 
-// FIN: the peer reads end of stream after everything sent before it. Credits always hold a
-// FIN (kFinReserve); only the peer's acks for the writes can be missing for a moment.
-bool send_fin(Sock &s, SockLock &lk, int wait_ms) {
-  if (s.fin_sent) return true;
+// Puts a FIN or a REVERT after everything pending. Credits always hold them (kFinReserve);
+// only the peer's acks for the writes can be missing for a moment: waits up to wait_ms.
+bool send_control(Sock &s, SockLock &lk, uint8_t type, int wait_ms) {
   if (s.error || s.state != State::kSdp) return false;
+  const size_t len = type == kRevert ? sizeof(RevertAt) : 0;
   const uint64_t end = now_ns() + uint64_t(wait_ms) * 1000000;
-  while (!s.error && now_ns() < end) {
+  while (!s.error && !s.tx_tcp && now_ns() < end) {
     progress(s);
-    if (credit_bytes(s) >= need_bytes(s, kRound) && credit_msgs(s) >= 2) {
+    if (credit_bytes(s) >= need_bytes(s, kRound + round16(len)) && credit_msgs(s) >= 2) {
+      // Where this side is now, taken under the lock with the record.
+      const RevertAt at{s.rx_pos, s.rec_off};
       s.force_signal = true;  // the last write: close waits for its completion
-      if (put_record(s, kFin, 0, nullptr, 0)) {
-        s.fin_sent = true;
-        return true;
-      }
+      if (put_record(s, type, 0, &at, len)) return true;
       s.force_signal = false;
       continue;  // that was a pad
     }
@@ -909,6 +1086,27 @@ bool send_fin(Sock &s, SockLock &lk, int wait_ms) {
     if (s.peer_gone) return false;
   }
   return false;
+}
+
+// FIN: the peer reads end of stream after everything sent before it.
+bool send_fin(Sock &s, SockLock &lk, int wait_ms) {
+  if (s.fin_sent) return true;
+  if (s.tx_tcp && s.link.qp) {  // the connection is TCP's now
+    s.fin_sent = real().shutdown(s.fd, SHUT_WR) == 0;
+    return s.fin_sent;
+  }
+  s.fin_sent = send_control(s, lk, kFin, wait_ms);
+  return s.fin_sent;
+}
+
+// After the last write was posted: waits (1 s at most) until it landed, so that it is in the
+// peer's ring before the QP goes.
+void wait_last_write(Sock &s) {
+  const uint64_t end = now_ns() + 1000000000ull;
+  while (s.sq_used && !s.error && !s.peer_gone && now_ns() < end) {
+    progress(s);
+    if (s.sq_used) check_peer(s);
+  }
 }
 
 }  // namespace
@@ -926,23 +1124,85 @@ int stream_shutdown(Sock &s, int how) {
   return 0;
 }
 
-void stream_close(Sock &s) {
+bool stream_close(Sock &s) {
   SockLock lk(s.mu);
-  if (!s.link.qp) return;  // closed already (at exit, or by another descriptor's close)
-  if (s.state == State::kSdp) {
+  if (!s.link.qp) return false;        // closed already (at exit, or by another descriptor's close)
+  const uint64_t data_end = s.tx_pos;  // what a FIN follows
+  if (s.state == State::kSdp && !s.tx_tcp) {
     check_peer(s);
     // A peer whose process closed its socket reads nothing more: no FIN, no wait.
-    if (!s.peer_gone && send_fin(s, lk, 1000)) {
-      // The last writes must land before the QP goes: the FIN's write is signaled.
-      const uint64_t end = now_ns() + 1000000000ull;
-      while (s.sq_used && !s.error && !s.peer_gone && now_ns() < end) {
-        progress(s);
-        if (s.sq_used) check_peer(s);
+    if (!s.peer_gone && send_fin(s, lk, 1000)) wait_last_write(s);
+  }
+  write_stats(s);
+  // What this side sent is in the peer's ring, which outlives this side's QP, unless the
+  // peer hands the connection back to TCP before reading it (it forks and closes): then this
+  // side must send it again. So a connection the peer has not read to the end stays a while
+  // (not when this side leaves data unread itself: TCP resets such a connection).
+  progress(s);
+  const bool unread = s.tx_tcp ? !drain_backlog(s) : s.peer_consumed < data_end;
+  if (s.state == State::kSdp && unread && s.rx_pos == s.rx_produced && !s.peer_gone && !s.error) {
+    s.linger_until_ns = now_ns() + 10000000000ull;
+    linger_add(s);
+    return true;
+  }
+  link_destroy(s.link);
+  return false;
+}
+
+// The REVERT tells the peer how far this side had consumed its stream: the peer sends the
+// rest again over TCP, and everything after it. This side's own records are all before the
+// REVERT in the peer's ring. What the kernel socket then carries belongs to whichever
+// process holds it (the forked child, or the new image after exec).
+void stream_revert(Sock &s) {
+  SockLock lk(s.mu);
+  if (!s.link.qp) return;
+  if (s.state == State::kSdp && !inherited(s)) {
+    check_peer(s);
+    progress(s);
+    // A READ of the peer's buffer in flight, or a zero-copy send of this side the peer is
+    // reading (other threads), would fail once the QP goes: they end first (1 s at most).
+    if (s.reads_pending || s.zc_waiting)
+      wait_until(
+          s, lk, [&] { return !s.reads_pending && !s.zc_waiting; }, 1000000000);
+    if (s.tx_tcp) {
+      logf("fd %d: both ends handed the connection back; %llu ring bytes unread here are lost",
+           s.fd, (unsigned long long)(s.revert_at - s.rx_pos));
+      // What the peer had not read goes to the kernel socket before this process lets go.
+      const uint64_t end = now_ns() + 2000000000ull;
+      while (!drain_backlog(s) && now_ns() < end) {
+        pollfd p{s.fd, POLLOUT, 0};
+        lk.unlock();
+        real().poll(&p, 1, 100);
+        lk.lock();
+        if (!s.link.qp) return;
       }
+    } else if (!s.peer_gone && send_control(s, lk, kRevert, 1000)) {
+      wait_last_write(s);
+      logf("fd %d: handed back to TCP (had consumed %llu ring bytes)", s.fd,
+           (unsigned long long)s.rx_pos);
+    } else if (!s.peer_gone && !s.error) {
+      logf("fd %d: could not hand the connection back to TCP: closed", s.fd);
+      if (send_fin(s, lk, 1000)) wait_last_write(s);
     }
   }
   write_stats(s);
   link_destroy(s.link);
+  s.state = State::kCandidate;
+}
+
+bool stream_on_tcp(Sock &s) {
+  std::lock_guard<SockMutex> lk(s.mu);
+  return s.link.qp && s.state == State::kSdp && revert_at_head(s) && !s.peer_fin &&
+         drain_backlog(s);
+}
+
+bool stream_leave(Sock &s) {
+  std::lock_guard<SockMutex> lk(s.mu);
+  if (!s.link.qp || s.state != State::kSdp) return false;
+  write_stats(s);
+  link_destroy(s.link);
+  s.state = State::kCandidate;
+  return true;
 }
 
 namespace {
@@ -954,19 +1214,63 @@ struct Flusher {
   std::condition_variable cv;
   bool waiting = false;  // on cv: the next add wakes it (else it comes by itself)
   std::vector<std::weak_ptr<Sock>> list;
+  std::vector<std::shared_ptr<Sock>> lingering;  // closed: the program holds them no more
 };
 Flusher *flusher = nullptr;
 pid_t flusher_pid = 0;
 std::mutex flusher_start_mu;
 
+// One look at a lingering connection (s.mu held): acks, the peer's REVERT and the backlog
+// it brings. True when it is over: its link and descriptor are gone.
+bool linger_step(Sock &s) {
+  if (!s.link.qp) return true;
+  progress(s);
+  if (s.tx_tcp) drain_backlog(s);
+  check_peer(s);
+  // Its FIN consumed too (the peer acks it at once): all was read.
+  const bool read = s.tx_tcp ? s.backlog.empty() : s.peer_consumed >= s.tx_pos;
+  if (!read && !s.error && !s.peer_gone && now_ns() < s.linger_until_ns) return false;
+  if (!read)
+    logf("fd %d: closed before the peer read %llu ring bytes", s.fd,
+         (unsigned long long)(s.tx_pos - s.peer_consumed));
+  link_destroy(s.link);
+  real().close(s.fd);
+  s.linger_until_ns = 0;
+  return true;
+}
+
+// Looks at every lingering connection once; true when none is left.
+bool linger_round(Flusher *f) {
+  std::vector<std::shared_ptr<Sock>> all;
+  {
+    std::lock_guard<std::mutex> lk(f->mu);
+    all = f->lingering;
+  }
+  std::vector<Sock *> over;
+  for (auto &s : all) {
+    std::lock_guard<SockMutex> lk(s->mu);
+    if (linger_step(*s)) over.push_back(s.get());
+  }
+  std::lock_guard<std::mutex> lk(f->mu);
+  std::erase_if(f->lingering, [&](const std::shared_ptr<Sock> &s) {
+    return std::find(over.begin(), over.end(), s.get()) != over.end();
+  });
+  return f->lingering.empty();
+}
+
 void flusher_main(Flusher *f) {
+  uint64_t next_linger = 0;
   for (;;) {
     std::vector<std::weak_ptr<Sock>> list;
     {
       std::unique_lock<std::mutex> lk(f->mu);
       f->waiting = true;
-      f->cv.wait(lk, [f] { return !f->list.empty(); });
+      f->cv.wait(lk, [f] { return !f->list.empty() || !f->lingering.empty(); });
       f->waiting = false;
+    }
+    if (now_ns() >= next_linger) {  // lingering connections: once a millisecond
+      linger_round(f);
+      next_linger = now_ns() + 1000000;
     }
     // Most held sends are posted by the program's next call; come by once in a while.
     std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -979,11 +1283,33 @@ void flusher_main(Flusher *f) {
       if (!s) continue;
       std::lock_guard<SockMutex> lk(s->mu);
       s->in_flush_list = false;
-      if (!s->link.qp || s->inherited || s->tx_posted == s->tx_pos) continue;
+      if (!s->link.qp || inherited(*s)) continue;
+      if (s->tx_tcp) {  // a backlog to send again over TCP
+        if (!drain_backlog(*s)) flusher_add(*s);
+        continue;
+      }
+      if (s->tx_posted == s->tx_pos) continue;
       progress(*s);
       if (!flush(*s)) flusher_add(*s);  // credits short: again later
     }
   }
+}
+
+Flusher *the_flusher() {
+  std::lock_guard<std::mutex> lk(flusher_start_mu);
+  if (flusher_pid != getpid()) {  // first use, or a fork()ed child: a thread of its own
+    flusher_pid = getpid();
+    flusher = new Flusher();  // the parent's (and its locks) are not this process's
+    std::thread(flusher_main, flusher).detach();
+  }
+  return flusher;
+}
+
+void linger_add(Sock &s) {
+  Flusher *f = the_flusher();
+  std::lock_guard<std::mutex> lk(f->mu);
+  f->lingering.push_back(s.shared_from_this());
+  if (f->waiting) f->cv.notify_one();
 }
 
 }  // namespace
@@ -991,19 +1317,21 @@ void flusher_main(Flusher *f) {
 void flusher_add(Sock &s) {
   if (s.in_flush_list) return;
   s.in_flush_list = true;
-  Flusher *f;
-  {
-    std::lock_guard<std::mutex> lk(flusher_start_mu);
-    if (flusher_pid != getpid()) {  // first use, or a fork()ed child: a thread of its own
-      flusher_pid = getpid();
-      flusher = new Flusher();  // the parent's (and its locks) are not this process's
-      std::thread(flusher_main, flusher).detach();
-    }
-    f = flusher;
-  }
+  Flusher *f = the_flusher();
   std::lock_guard<std::mutex> lk(f->mu);
   f->list.push_back(s.weak_from_this());
   if (f->waiting) f->cv.notify_one();
+}
+
+void stream_linger_wait(int wait_ms) {
+  Flusher *f;
+  {
+    std::lock_guard<std::mutex> lk(flusher_start_mu);
+    if (flusher_pid != getpid()) return;
+    f = flusher;
+  }
+  const uint64_t end = now_ns() + uint64_t(wait_ms) * 1000000;
+  while (!linger_round(f) && now_ns() < end) usleep(1000);
 }
 
 }  // namespace sdp

@@ -2037,6 +2037,163 @@ TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
       });
 }
 
+// Forks a child that runs `body` and exits 0 if it passed (its failures are printed).
+pid_t fork_child(const std::function<void()> &body) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  int code = 1;
+  try {
+    body();
+    code = ::testing::Test::HasFailure() ? 1 : 0;
+  } catch (const std::exception &e) {
+    fprintf(stderr, "[forked child %d] %s\n", int(getpid()), e.what());
+  }
+  fflush(nullptr);
+  _exit(code);
+}
+
+void expect_child_passed(pid_t pid) {
+  ASSERT_GT(pid, 0);
+  int status = -1;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+}
+
+// A server reads part of the client's stream, sends part of its own, forks, and closes its
+// copy: the child goes on with the connection. The parent hands it back to TCP; the client
+// sends again over TCP what the parent had not read (its sends are in flight then: zero copy
+// ones, waiting on the parent, when client_thresh > 0; the parent stops in the middle of
+// one). No byte is lost, duplicated or reordered either way: the parent's last bytes (in the
+// client's ring) come before the child's (over TCP).
+void child_goes_on(int client_thresh) {
+  static constexpr size_t kUp = 8u << 20, kChunk = 256u << 10, kRead = (1u << 20) + 100000;
+  static constexpr size_t kDown = 2u << 20, kHalf = kDown / 2;
+  two_process(
+      [=](Channel &ch) {
+        int fd = client_conn(ch);
+        if (client_thresh) set_zcopy_thresh(fd, client_thresh);
+        client_round(fd, 90, 91, 0, 1000);
+        require_path(fd, PCIENTB_SDP_PATH_SDP, "client");
+        std::string tx_err;
+        std::thread up([&] {
+          try {
+            for (size_t pos = 0; pos < kUp; pos += kChunk) send_pattern(fd, 92, pos, kChunk);
+            check_sys(shutdown(fd, SHUT_WR) == 0, "shutdown");
+          } catch (const std::exception &e) {
+            tx_err = e.what();
+          }
+        });
+        try {
+          expect_pattern(fd, 93, 0, kDown);
+          expect_eof(fd);
+        } catch (const std::exception &e) {
+          ADD_FAILURE() << e.what();
+          ::shutdown(fd, SHUT_RDWR);  // the sending thread returns
+        }
+        up.join();
+        EXPECT_EQ(tx_err, "");
+        close(fd);
+        ch.wait();
+      },
+      [=](Channel &ch) {
+        int fd = server_conn(ch);
+        server_round(fd, 90, 91, 0, 1000);
+        expect_pattern(fd, 92, 0, kRead);
+        send_pattern(fd, 93, 0, kHalf);
+        const pid_t pid = fork_child([&] {
+          expect_pattern(fd, 92, kRead, kUp - kRead);
+          expect_eof(fd);
+          send_pattern(fd, 93, kHalf, kDown - kHalf);
+        });
+        close(fd);  // hands the connection back to TCP
+        expect_child_passed(pid);
+        ch.signal();
+      },
+      within(std::chrono::seconds(40)));
+}
+
+TEST(Fork, AChildGoesOnWithAConnectionItsParentClosed) {
+  child_goes_on(0);
+}
+
+TEST(Fork, AChildGoesOnWhileZeroCopySendsWaitOnItsParent) {
+  child_goes_on(64 << 10);
+}
+
+// A forked child uses a connection its parent keeps open (and idle): the parent is asked
+// to hand it back to TCP, and the child's exchange goes through, both ways.
+TEST(Fork, AChildUsesAConnectionItsParentKeepsOpen) {
+  static constexpr size_t kLen = 3u << 20;
+  connected(
+      [](Channel &ch, int fd) {
+        client_round(fd, 94, 95, 0, 1000);
+        client_round(fd, 96, 97, 0, kLen);  // answered by the server's child
+        ch.wait();
+        expect_eof(fd);
+      },
+      [](Channel &ch, int fd) {
+        server_round(fd, 94, 95, 0, 1000);
+        const pid_t pid = fork_child([&] { server_round(fd, 96, 97, 0, kLen); });
+        expect_child_passed(pid);
+        ch.signal();
+      });
+}
+
+// The client sends, and closes its socket, before the server has read it; then the server
+// forks and hands the connection to its child: the client's process, still there, sends the
+// unread bytes again over TCP (a closed connection whose peer has not read it lingers).
+TEST(Fork, AClientThatClosedBeforeTheHandBackLosesNothing) {
+  static constexpr size_t kUp = 900u << 10, kRead = 100000;
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        client_round(fd, 98, 99, 0, 1000);
+        send_pattern(fd, 100, 0, kUp);  // fits in the server's ring
+        close(fd);
+        ch.signal();
+        ch.wait();  // the server's child has read it all
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        server_round(fd, 98, 99, 0, 1000);
+        ch.wait();  // the client has closed
+        expect_pattern(fd, 100, 0, kRead);
+        const pid_t pid = fork_child([&] {
+          expect_pattern(fd, 100, kRead, kUp - kRead);
+          expect_eof(fd);
+        });
+        close(fd);  // hands the connection back
+        expect_child_passed(pid);
+        ch.signal();
+      },
+      within(std::chrono::seconds(40)));
+}
+
+// A client connects (its handshake not begun), forks a child that runs another program with
+// the socket open: the exec must not end the parent's handshake, which then goes SDP.
+TEST(Fork, AChildThatExecsLeavesItsParentsPendingConnectionAlone) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch, false);
+        fflush(nullptr);
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+          execl("/bin/true", "true", static_cast<char *>(nullptr));
+          _exit(127);
+        }
+        int status = -1;
+        EXPECT_EQ(waitpid(pid, &status, 0), pid);
+        first_round_client(fd, 101, 102, 5000, PCIENTB_SDP_PATH_SDP);
+        ch.wait();
+      },
+      [](Channel &ch) {
+        first_round_server(ch, 101, 102, 5000, PCIENTB_SDP_PATH_SDP);
+        ch.signal();
+      });
+}
+
 // ---- signals ---------------------------------------------------------------------------------
 
 // A signal arrives while a thread is blocked in recv(): with SA_RESTART the call goes on

@@ -30,6 +30,13 @@ Cases (two processes each unless said otherwise):
   peer_death       the server is SIGKILLed mid-run: the client sees
                    DISCONNECTED and exits within a second, no hang
   mckey            multicast is refused with a clear error (EOPNOTSUPP)
+  io_demo          UCX's io_demo (ucx-utils) over UCX's rdmacm connection manager on
+                   rc_verbs: 8 KiB writes, then writes and reads of 1 B to 1 MiB (eager
+                   and rendezvous) with the TAG API and with the AM API and -z, the data
+                   checked by io_demo (-q). Both sides get the same -d: io_demo sizes
+                   its buffers by its own -d (default 4096) and splits a message into
+                   receives of that size, so a server without it never completes a
+                   larger write, on any transport (NOTES.md)
 """
 
 import os
@@ -80,6 +87,51 @@ def rstream_figures(proc):
         proc.dump()
         fail(f"{proc.name}: no transfer figures")
     return rows
+
+
+def io_demo_runs(loop):
+    itest.require_tools("io_demo")
+    runs = (("8 KiB writes", ["-d", "8192", "-o", "write", "-i", "32"], []),
+            ("1 B-1 MiB, TAG API", ["-d", "1:1048576", "-o", "write,read", "-i", "64"], []),
+            ("1 B-1 MiB, AM API, -z", ["-d", "1:1048576", "-o", "write,read", "-i", "64"],
+             ["-A", "-z"]))
+    # What io_demo prints as it ends: the client cancels its pending IO-message
+    # receive; the server sees the client leave and cancels its own. UCX's rdmacm
+    # listener looks for the kernel's rdma_ucm sysctl (a DIAG line).
+    allow = itest.UCX_INFO_ALLOWED + [r"iomsg receive request \S+ failed: Request canceled",
+                                      r"Connection reset by remote peer",
+                                      r"unable to read max_backlog value from /proc/sys/net/"]
+    for what, client_opts, both in runs:
+        stats = itest.Stats("io_demo")
+        env = {"UCX_NET_DEVICES": "pcientb0:1", "UCX_TLS": "rc_v",
+               "UCX_SOCKADDR_TLS_PRIORITY": "rdmacm", "UCX_LOG_LEVEL": "info", **stats.env()}
+        port = itest.free_port()
+        # The server must know the sizes too (-d): see the docstring.
+        size = ["-d", client_opts[client_opts.index("-d") + 1]]
+        s = itest.Proc("server", ["io_demo", "-p", str(port), "-q", "-s", "1"] + size + both,
+                       env=env)
+        c = None
+        try:
+            if not s.wait_cm_listening(port):
+                s.dump()
+                fail(f"io_demo server did not listen on port {port}: {s.status()}")
+            c = itest.Proc("client", ["io_demo", loop, "-p", str(port), "-q", "-s", "1"]
+                           + client_opts + both, env=env)
+            c.wait()
+            s.kill(signal.SIGINT)  # io_demo's server runs until SIGINT, then cleans up
+        finally:
+            for p in (c, s):
+                if p is not None:
+                    p.kill()
+        if c.rc != 0 or s.rc != 0:
+            s.dump()
+            c.dump()
+            fail(f"io_demo {what}: server {s.status()}, client {c.status()}")
+        expect(c, r"Client exit with status 'OK'", f"io_demo {what} did not end OK")
+        itest.check_no_errors([s, c], allow=allow)
+        itest.check_ucx_lanes([s, c])
+        stats.check(processes=2, min_bytes=1, what=f"io_demo {what}")
+        log(f"io_demo {what}: {c.status()}")
 
 
 def run_case(case):
@@ -195,6 +247,8 @@ def run_case(case):
             for p in (c, s):
                 if p is not None:
                     p.kill()
+    elif case == "io_demo":
+        io_demo_runs(loop)
     elif case == "mckey":
         itest.require_tools("mckey")
         c = itest.Proc("client", ["mckey", "-m", "224.0.0.1", "-b", loop, "-s", "-C", "1"])

@@ -53,6 +53,10 @@ Cases (two processes each, on a free port, each bounded by ITEST_TIMEOUT):
                      -o; sha256 equal; server tx and client rx >= 4 MiB, sdp
   netcat             nc -l > out / nc -N < in, both under pcientb-sdp: 4 MiB one
                      way, equal bytes, path=sdp (skipped without netcat-openbsd)
+  process.MODE       a server that hands its connection to another process
+                     (process_model.py: system, popen, inetd, cgi, reexec, fork,
+                     daemon, shell, subprocess): 4 MiB up, 2 MiB down, every byte checked by the
+                     process that reads it; all lines path=sdp
   pingpong.verify    the Python pair below: 100,000 messages of random sizes
                      1 B..64 KiB each way at once (a sender thread beside the
                      receiving loop), sends split at random points, receives of
@@ -234,18 +238,25 @@ def _report(problems, stats, proc=None):
     fail(msg)
 
 
-def totals_problems(stats, conns, proc=None):
-    """Each process's total line (written at exit) against its conn lines: one line per
-    process, whose counts and sums are those of its lines. `proc`, when it exited
-    normally and wrote conn lines, must have written one."""
+def totals_problems(stats, proc=None):
+    """Each total line (a process writes one at exit, and an image one at exec) against the
+    conn lines its process wrote since its previous total line: their counts and sums.
+    `proc`, when it exited normally and wrote conn lines, must have written one."""
     problems = []
-    by_pid = {}
-    for t in stats.totals():
-        if t["pid"] in by_pid:
-            problems.append(f"pid {t['pid']}: two total lines")
-        by_pid[t["pid"]] = t
-    for pid, t in by_pid.items():
-        mine = [c for c in conns if c["pid"] == pid]
+    pending, totaled = {}, set()
+    for line in stats.raw():
+        if not line.startswith("total "):
+            c = parse_conn_line(line)
+            if c is not None:
+                pending.setdefault(c["pid"], []).append(c)
+            continue
+        t = parse_total_line(line)
+        if t is None:
+            problems.append(f"malformed total line {line!r}")
+            continue
+        pid = t["pid"]
+        mine = pending.pop(pid, [])
+        totaled.add(pid)
         want = {"conns": len(mine), "sdp": sum(c["path"] == "sdp" for c in mine),
                 "tcp": sum(c["path"] != "sdp" for c in mine)}
         for key in BYTE_KEYS:
@@ -260,8 +271,8 @@ def totals_problems(stats, conns, proc=None):
         if bad:
             problems.append(f"pid {pid} total line disagrees with its conn lines: "
                             + ", ".join(bad))
-    if (proc is not None and proc.rc == 0 and proc.pid not in by_pid
-            and any(c["pid"] == proc.pid for c in conns)):
+    if (proc is not None and proc.rc == 0 and proc.pid not in totaled
+            and proc.pid in pending):
         problems.append(f"{proc.name} (pid {proc.pid}) exited without its total line")
     return problems
 
@@ -295,7 +306,7 @@ def check_sdp(stats, *, conns=1, tx=0, rx=0, zcopy=False, required=True, proc=No
         for key in ("zcopy_tx", "zcopy_rx"):
             if sum(c[key] for c in sdp) == 0:
                 problems.append(f"{key}=0: no ZCopy transfer")
-    problems += totals_problems(stats, got, proc)
+    problems += totals_problems(stats, proc)
     _report(problems, stats, proc)
     return got
 
@@ -317,7 +328,7 @@ def check_tcp(stats, reasons, *, conns=1, proc=None):
         if c["tx"] or c["rx"]:
             problems.append(f"a path={c['path']} connection with BCopy/ZCopy bytes "
                             f"(tx={c['tx']} rx={c['rx']})")
-    problems += totals_problems(stats, got, proc)
+    problems += totals_problems(stats, proc)
     _report(problems, stats, proc)
     return got
 
@@ -844,6 +855,27 @@ def case_asyncio():
     check_sdp(s.stats, required=False, proc=s, what="the asyncio server")
 
 
+def case_process(mode):
+    """A server that hands its connection to another process (process_model.py MODE): the
+    client's 4 MiB and the server's 2 MiB answer are checked byte by byte by whichever
+    process reads them, and the client reads the server's end. The client's connection is
+    SDP (then back on TCP where a process let go of it); the server's processes' lines are
+    SDP too, and each image's total line (at exit, exec or daemon()) agrees with them."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_model.py")
+    s, c, _ = run_pair([sys.executable, script, "server", mode, "{port}"],
+                       [sys.executable, script, "client", "{port}"])
+    if "process-result ok" not in output(c):
+        dump_all(s, c)
+        fail(f"process_model client ({mode}): {c.status()}")
+    if mode == "daemon":  # the daemon goes on after the server's first process exited
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+                t["prog"] == "python3" and t["pid"] != s.pid for t in s.stats.totals()):
+            time.sleep(0.05)
+    check_sdp(c.stats, proc=c, what="the client")
+    check_sdp(s.stats, proc=s, what="the server's processes")
+
+
 def start_echo_server(env=None):
     """The asyncio echo server (asyncio_echo.py) under the layer, once it listens: (proc,
     port). A port taken meanwhile is retried on another."""
@@ -1186,21 +1218,26 @@ def case_selftest():
     t = parse_total_line(total)
     if not t or t["conns"] != 2 or t["tcp_reasons"] != {"peer_no_sdp": 1}:
         fail(f"parse_total_line({total!r}) = {t}")
-    if totals_problems(stats([sdp, tcp, total]), stats([sdp, tcp]).conns()):
+    if totals_problems(stats([sdp, tcp, total])):
         fail("a total line that agrees with its conn lines was refused")
     for wrong in (total.replace("conns=2", "conns=3"), total.replace("zcopy_tx=500", "zcopy_tx=5"),
                   total.replace("peer_no_sdp:1", "rule:1"), total.replace("pid=10", "pid=11")):
-        conns = stats([sdp, tcp]).conns()
-        if not totals_problems(stats([sdp, tcp, wrong]), conns):
+        if not totals_problems(stats([sdp, tcp, wrong])):
             fail(f"a wrong total line passed: {wrong!r}")
-    if not totals_problems(stats([sdp, tcp, total, total]), stats([sdp, tcp]).conns()):
+    if not totals_problems(stats([sdp, tcp, total, total])):
         fail("two total lines of one process passed")
+    at_exec = ("total pid=10 prog=iperf3 conns=1 sdp=1 tcp=0 bcopy_tx=1000 bcopy_rx=10 "
+               "zcopy_tx=500 zcopy_rx=0 tcp_reasons=-")
+    at_exit = ("total pid=10 prog=python3 conns=1 sdp=0 tcp=1 bcopy_tx=0 bcopy_rx=0 "
+               "zcopy_tx=0 zcopy_rx=0 tcp_reasons=peer_no_sdp:1")
+    if totals_problems(stats([sdp, at_exec, tcp, at_exit])):
+        fail("an image's total line at exec, then the next image's at exit, was refused")
     rejects(stats([sdp, total.replace("tcp_reasons=peer_no_sdp:1", "tcp_reasons=")]).totals)
 
     class Exited:
         name, pid, rc = "client", 10, 0
 
-    if not totals_problems(stats([sdp]), stats([sdp]).conns(), Exited()):
+    if not totals_problems(stats([sdp]), Exited()):
         fail("a process that exited normally without its total line passed")
     # The streams: what one side writes the other checks, and a changed byte shows.
     path = os.path.join(d, "stream")
@@ -1242,6 +1279,9 @@ CASES = {
     "fallback.other_fabric": lambda: case_fallback("other_fabric"),
     "selftest": case_selftest,
 }
+for _mode in ("system", "popen", "inetd", "cgi", "reexec", "fork", "daemon", "shell",
+              "subprocess"):
+    CASES[f"process.{_mode}"] = lambda m=_mode: case_process(m)
 
 
 def usage():
