@@ -239,8 +239,10 @@ class Watchdog {
 SdpStats sdp_stats(int fd) {
   SdpStats st{};
   socklen_t len = sizeof st;
-  if (getsockopt(fd, IPPROTO_TCP, SOCKBENCH_STATS_OPT, &st, &len) != 0 || len < sizeof(uint32_t))
-    st = SdpStats{kPathUnknown, 0, 0, 0, 0, 0};
+  if (getsockopt(fd, IPPROTO_TCP, SOCKBENCH_STATS_OPT, &st, &len) != 0 || len < sizeof(uint32_t)) {
+    st = SdpStats{};
+    st.path = kPathUnknown;
+  }
   return st;
 }
 

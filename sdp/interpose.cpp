@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
@@ -714,14 +715,15 @@ SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
       *len = sizeof(int);
       return 0;
     }
-    if (name == PCIENTB_SDP_STATS && *len >= sizeof(pcientb_sdp_stats)) {
-      pcientb_sdp_stats st{PCIENTB_SDP_PATH_TCP, 0, 0, 0, 0, 0};
+    // The first version of the struct ended at zcopy_rx: such a buffer gets what fits.
+    if (name == PCIENTB_SDP_STATS && *len >= offsetof(pcientb_sdp_stats, onesided_tx)) {
+      pcientb_sdp_stats st{PCIENTB_SDP_PATH_TCP, 0, 0, 0, 0, 0, 0, 0};
       if (s) {
         std::lock_guard<SockMutex> lk(s->mu);
         st = s->stats;
       }
-      memcpy(val, &st, sizeof st);
-      *len = sizeof st;
+      *len = std::min<socklen_t>(*len, sizeof st);
+      memcpy(val, &st, *len);
       return 0;
     }
     errno = EINVAL;
@@ -738,6 +740,22 @@ SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
 }
 
 SDP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
+  if (level == IPPROTO_TCP && (name == PCIENTB_SDP_EXPOSE || name == PCIENTB_SDP_WRITE)) {
+    if (!val || len < sizeof(pcientb_sdp_window)) {
+      errno = EINVAL;
+      return -1;
+    }
+    bool failed;
+    std::shared_ptr<Sock> s = sdp_of(fd, &failed);
+    if (failed) return -1;
+    if (!s) {  // the kernel's TCP socket: no windows there
+      errno = ENOPROTOOPT;
+      return -1;
+    }
+    const auto *w = static_cast<const pcientb_sdp_window *>(val);
+    return name == PCIENTB_SDP_EXPOSE ? stream_expose(*s, w->addr, w->len)
+                                      : stream_write_window(*s, w->addr, w->len, w->offset);
+  }
   if (level == IPPROTO_TCP && name == SDP_ZCOPY_THRESH) {
     std::shared_ptr<Sock> s = find_sock(fd);
     if (!s && !config().enabled) {

@@ -420,6 +420,7 @@ void link_destroy(Link &l) {
   if (l.ring_mr) ibv_dereg_mr(l.ring_mr);
   if (l.mirror_mr) ibv_dereg_mr(l.mirror_mr);
   if (l.ack_mr) ibv_dereg_mr(l.ack_mr);
+  for (ibv_mr *mr : l.window_mrs) ibv_dereg_mr(mr);
   Buffers b{l.ring, l.mirror, l.ack, l.ring_bytes};
   bool kept = false;
   if (b.ring && b.mirror && b.ack && b.ring_bytes == config().ring_bytes) {

@@ -86,6 +86,9 @@ struct Link {
   int kick_fd = -1;         // eventfd: wakes this socket's other sleepers when one took a wakeup
   AckBlock *ack = nullptr;  // [0]: written by the peer; [1]: source of this side's acks
   ibv_mr *ack_mr = nullptr;
+  // Windows this side exposed (pcientb_sdp_expose): registered until the link goes, since
+  // the peer may write into one until it has seen the next.
+  std::vector<ibv_mr *> window_mrs;
   uint32_t ring_bytes = 0;
   uint32_t recv_depth = 0;
   uint32_t send_depth = 0;
@@ -155,6 +158,9 @@ bool stream_leave(Sock &s);
 // them; at exit the process waits for them up to wait_ms.
 void stream_linger_wait(int wait_ms);
 int stream_fionread(Sock &s);
+// Extended sockets (pcientb/sdp.h): 0, or -1 with errno.
+int stream_expose(Sock &s, void *addr, uint64_t len);
+int stream_write_window(Sock &s, const void *addr, uint64_t len, uint64_t offset);
 // Has the flusher thread post this socket's coalesced sends soon (s.mu held).
 void flusher_add(Sock &s);
 
@@ -284,6 +290,9 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t rx_scan = 0;      // records looked at for a FIN (poll reports it before recv)
   bool fin_arrived = false;
   uint64_t revert_at = ~0ull;  // ring position of the peer's REVERT (nothing follows it)
+  uint64_t peer_win_addr = 0, peer_win_len = 0;  // the window the peer exposed (len 0: none)
+  uint32_t peer_win_rkey = 0;
+  uint32_t window_writes = 0;  // one-sided writes posted, not complete
   // The kernel socket holds data before the peer's REVERT arrived (its forked child writes):
   // watched for its end only, or the waits would spin.
   std::atomic<bool> tcp_early{false};
@@ -304,7 +313,7 @@ struct Sock : std::enable_shared_from_this<Sock> {
   int error = 0;           // sticky: ECONNRESET/EPIPE once the connection broke
   bool peer_gone = false;  // the kernel socket saw the peer's end
 
-  pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0};
+  pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0, 0, 0};
   const char *reason = "";
   bool stats_written = false;
 };

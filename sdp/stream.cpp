@@ -5,7 +5,8 @@
 // how many ring bytes it adds, so the completion is what tells the receiver. Records: DATA
 // (BCopy payload), SRC_AVAIL (Read ZCopy: the sink RDMA-READs the source's buffer), FIN
 // (no more data: shutdown or close), PAD (skip to the ring's start), REVERT (the connection
-// goes back to TCP, see stream_revert).
+// goes back to TCP, see stream_revert), WINDOW (a buffer the peer may RDMA-WRITE into:
+// extended sockets, pcientb_sdp_expose).
 // The receiver returns credits with an ack: a write with immediate kImmAck of an AckBlock
 // into the sender's ack slot (ring bytes consumed, immediates reaped, SrcAvails read, cancel
 // answers). A sender never has more ring bytes or immediates outstanding than the peer has
@@ -31,7 +32,7 @@
 namespace sdp {
 namespace {
 
-enum RecType : uint8_t { kData = 1, kPad = 2, kSrcAvail = 3, kFin = 4, kRevert = 5 };
+enum RecType : uint8_t { kData = 1, kPad = 2, kSrcAvail = 3, kFin = 4, kRevert = 5, kWindow = 6 };
 enum RecFlag : uint8_t { kWantAck = 1 };
 struct Rec {
   uint32_t len;  // payload bytes
@@ -41,11 +42,13 @@ struct Rec {
   uint64_t arg;  // SRC_AVAIL: its sequence number
 };
 static_assert(sizeof(Rec) == 16);
-struct SrcAvail {
+struct SrcAvail {  // also a WINDOW's payload
   uint64_t addr;
   uint32_t rkey;
   uint32_t len;
 };
+// A one-sided write's completion (its wr_id): the ring's writes count unsignaled posts there.
+constexpr uint64_t kWindowWrite = 1ull << 63;
 // REVERT's payload: how far the side handing back had consumed the other's stream (a record
 // position, and the bytes of that record already delivered or read).
 struct RevertAt {
@@ -205,7 +208,8 @@ void progress(Sock &s) {
         // A READ's bytes are lost with the peer's buffer. Writes and receives failing after
         // the peer handed the connection back are expected (its ring went): the REVERT
         // before them, found below, says so.
-        if (w.opcode == IBV_WC_RDMA_READ)
+        if (w.wr_id & kWindowWrite) s.window_writes = 0;
+        if (w.opcode == IBV_WC_RDMA_READ || (w.wr_id & kWindowWrite))
           set_error(s, ECONNRESET);
         else
           writes_failed = true;
@@ -235,6 +239,9 @@ void progress(Sock &s) {
       } else if (w.opcode == IBV_WC_RDMA_READ) {
         --s.reads_pending;
         s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
+      } else if (w.wr_id & kWindowWrite) {
+        --s.window_writes;
+        s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
       } else {
         s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
       }
@@ -245,6 +252,13 @@ void progress(Sock &s) {
   while (s.revert_at == ~0ull && s.rx_scan < s.rx_produced) {
     const Rec *r = reinterpret_cast<const Rec *>(l.ring + (s.rx_scan & (l.ring_bytes - 1)));
     if (r->type == kFin) s.fin_arrived = true;
+    if (r->type == kWindow) {  // in effect from here on (ordered with the stream)
+      SrcAvail w;
+      memcpy(&w, l.ring + ((s.rx_scan + kRound) & (l.ring_bytes - 1)), sizeof w);
+      s.peer_win_addr = w.addr;
+      s.peer_win_rkey = w.rkey;
+      s.peer_win_len = w.len;
+    }
     if (r->type == kRevert) {
       s.revert_at = s.rx_scan;
       take_revert(s);
@@ -331,6 +345,7 @@ void take_revert(Sock &s) {
   memcpy(&at, s.link.ring + ((s.revert_at + kRound) & (s.link.ring_bytes - 1)), sizeof at);
   s.tx_tcp = true;
   s.pend_rec = ~0ull;
+  s.peer_win_len = 0;  // no one-sided writes over TCP
   const Link &l = s.link;
   const uint64_t R = l.remote.ring_bytes;
   // Records start at the peer's acknowledged position (a record boundary, <= at.rx_pos).
@@ -656,6 +671,7 @@ bool peer_src_at_head(const Sock &s) {
 ssize_t zcopy_send(Sock &s, SockLock &lk, void *buf, size_t len, int flags, bool *interrupted) {
   ibv_mr *mr = reg_user(buf, len);
   if (!mr) return -2;
+  ++s.stats.registrations;
   const uint64_t seq = ++s.src_seq;
   SrcAvail sa{reinterpret_cast<uintptr_t>(buf), mr->rkey, uint32_t(len)};
   int err = 0;
@@ -801,34 +817,42 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
 
 namespace {
 
-// RDMA-READs up to `n` bytes of the SrcAvail at the ring's head into `dst`.
-ssize_t zcopy_read(Sock &s, SockLock &lk, const SrcAvail &sa, uint32_t off, char *dst, size_t n) {
-  ibv_mr *mr = reg_user(dst, n);
-  if (!mr) return -1;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(dst), uint32_t(n), mr->lkey};
+// Registers `local`, posts one signaled RDMA READ or WRITE of `len` bytes between it and the
+// peer's memory at (remote, rkey), and waits until it completed (counted in *pending; the
+// completion is told apart by `tag` in its wr_id). 0, or an errno.
+int rdma_and_wait(Sock &s, SockLock &lk, ibv_wr_opcode op, void *local, size_t len, uint64_t remote,
+                  uint32_t rkey, uint64_t tag, uint32_t *pending) {
+  ibv_mr *mr = reg_user(local, len);
+  if (!mr) return ENOMEM;
+  ++s.stats.registrations;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(local), uint32_t(len), mr->lkey};
   ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_READ;
+  wr.opcode = op;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr_id = s.unsignaled + 1;
+  wr.wr_id = tag | (s.unsignaled + 1);
   s.unsignaled = 0;
-  wr.wr.rdma.remote_addr = sa.addr + off;
-  wr.wr.rdma.rkey = sa.rkey;
+  wr.wr.rdma.remote_addr = remote;
+  wr.wr.rdma.rkey = rkey;
   ibv_send_wr *bad = nullptr;
-  ssize_t r = -1;
-  if (int e = ibv_post_send(s.link.qp, &wr, &bad)) {
-    set_error(s, e);
-  } else {
+  int rc = ibv_post_send(s.link.qp, &wr, &bad);
+  if (rc == 0) {
     ++s.sq_used;
-    ++s.reads_pending;
-    while (s.reads_pending && !s.error && s.link.qp)
-      wait_until(s, lk, [&] { return s.reads_pending == 0; });
-    if (!s.link.qp) return -1;  // closed by another thread
-    if (!s.error) r = ssize_t(n);
+    ++*pending;
+    while (*pending && !s.error && s.link.qp) wait_until(s, lk, [&] { return *pending == 0; });
+    rc = !s.link.qp ? EBADF : s.error;  // EBADF: closed by another thread
   }
   ibv_dereg_mr(mr);
-  return r;
+  return rc;
+}
+
+// RDMA-READs up to `n` bytes of the SrcAvail at the ring's head into `dst`.
+ssize_t zcopy_read(Sock &s, SockLock &lk, const SrcAvail &sa, uint32_t off, char *dst, size_t n) {
+  int rc =
+      rdma_and_wait(s, lk, IBV_WR_RDMA_READ, dst, n, sa.addr + off, sa.rkey, 0, &s.reads_pending);
+  if (rc && rc != EBADF) set_error(s, rc);
+  return rc ? -1 : ssize_t(n);
 }
 
 // Delivers what the ring holds into `cur` (without consuming it when peek). Returns bytes.
@@ -854,7 +878,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
       }
       consumed = off == rec.len;
       if (!consumed) break;  // the caller's buffer is full
-    } else if (rec.type == kPad) {
+    } else if (rec.type == kPad || rec.type == kWindow) {
       consumed = true;
     } else if (rec.type == kRevert) {
       break;  // the rest comes over TCP
@@ -1032,6 +1056,87 @@ void stream_take_kick(Sock &s) {
   uint64_t v;
   if (s.link.kick_fd >= 0 && s.sleepers == 0)
     (void)!syscall(SYS_read, s.link.kick_fd, &v, sizeof v);
+}
+
+// Extended sockets: the WINDOW record tells the peer where it may write (ordered with the
+// stream); earlier windows stay registered until the link goes (link.window_mrs).
+int stream_expose(Sock &s, void *addr, uint64_t len) {
+  SockLock lk(s.mu);
+  if (!s.link.qp || s.state != State::kSdp || inherited(s)) {
+    errno = ENOPROTOOPT;
+    return -1;
+  }
+  if (len > UINT32_MAX || (len && !addr)) {
+    errno = EINVAL;
+    return -1;
+  }
+  SrcAvail w{reinterpret_cast<uintptr_t>(addr), 0, uint32_t(len)};
+  if (len) {
+    ibv_mr *mr = reg_user(addr, len);
+    if (!mr) {
+      errno = ENOMEM;
+      return -1;
+    }
+    ++s.stats.registrations;
+    s.link.window_mrs.push_back(mr);
+    w.rkey = mr->rkey;
+  }
+  for (;;) {
+    if (s.tx_tcp || s.error) {
+      errno = s.error ? s.error : EOPNOTSUPP;
+      return -1;
+    }
+    if (tx_ready(s, need_bytes(s, 2 * kRound)) && put_record(s, kWindow, 0, &w, sizeof w)) return 0;
+    if (int e =
+            wait_until(s, lk, [&] { return tx_ready(s, need_bytes(s, 2 * kRound)) || s.tx_tcp; })) {
+      errno = s.state == State::kSdp ? e : EOPNOTSUPP;
+      return -1;
+    }
+  }
+}
+
+// A one-sided write: an RDMA WRITE into the peer's window, posted after everything this side
+// sent before it and waited for, so that what it sends next arrives after the data.
+int stream_write_window(Sock &s, const void *addr, uint64_t len, uint64_t offset) {
+  SockLock lk(s.mu);
+  if (!s.link.qp || s.state != State::kSdp || inherited(s)) {
+    errno = ENOPROTOOPT;
+    return -1;
+  }
+  const bool block = !s.nonblocking;
+  for (;;) {
+    progress(s);
+    if (s.tx_tcp || s.error) {
+      errno = s.error ? s.error : EOPNOTSUPP;
+      return -1;
+    }
+    if (s.peer_win_len && s.sq_used + 2 < s.link.send_depth) break;
+    if (!block) {
+      errno = EAGAIN;
+      return -1;
+    }
+    if (int e = wait_until(
+            s, lk,
+            [&] { return (s.peer_win_len && s.sq_used + 2 < s.link.send_depth) || s.tx_tcp; },
+            s.snd_timeo_ns)) {
+      errno = s.state == State::kSdp ? e : EOPNOTSUPP;
+      return -1;
+    }
+  }
+  if (offset > s.peer_win_len || len > s.peer_win_len - offset || (len && !addr)) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (len == 0) return 0;
+  flush(s);
+  if (int rc = rdma_and_wait(s, lk, IBV_WR_RDMA_WRITE, const_cast<void *>(addr), len,
+                             s.peer_win_addr + offset, s.peer_win_rkey, kWindowWrite,
+                             &s.window_writes)) {
+    errno = rc;
+    return -1;
+  }
+  s.stats.onesided_tx += len;
+  return 0;
 }
 
 int stream_fionread(Sock &s) {

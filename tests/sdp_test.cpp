@@ -2194,6 +2194,60 @@ TEST(Fork, AChildThatExecsLeavesItsParentsPendingConnectionAlone) {
       });
 }
 
+// ---- extended sockets: one-sided writes into a window the peer exposed ---------------------
+
+// The server exposes a window; the client writes pieces into it (some past its end: EINVAL,
+// nothing written), then sends a byte; the server finds exactly the pieces in place when the
+// byte arrives (a write is ordered with the stream), and the client's stats count them.
+TEST(Extended, OneSidedWritesLandBeforeWhatIsSentAfterThem) {
+  static constexpr size_t kWin = 1u << 20;
+  connected(
+      [](Channel &ch, int fd) {
+        char go;
+        recv_exact(fd, &go, 1);  // the window is exposed (the write would wait for it anyway)
+        std::vector<char> a = pattern(110, 0, 300000), b = pattern(111, 0, 5000);
+        ASSERT_EQ(pcientb_sdp_write(fd, a.data(), a.size(), 0), 0) << strerror(errno);
+        ASSERT_EQ(pcientb_sdp_write(fd, b.data(), b.size(), kWin - b.size()), 0) << strerror(errno);
+        EXPECT_EQ(pcientb_sdp_write(fd, b.data(), b.size(), kWin - 10), -1);
+        EXPECT_EQ(errno, EINVAL);
+        send_all(fd, "D", 1);
+        EXPECT_EQ(stats_of(fd).onesided_tx, a.size() + b.size());
+        ch.wait();
+      },
+      [](Channel &ch, int fd) {
+        std::vector<char> win(kWin, 0);
+        ASSERT_EQ(pcientb_sdp_expose(fd, win.data(), win.size()), 0) << strerror(errno);
+        send_all(fd, "W", 1);
+        char d;
+        recv_exact(fd, &d, 1);
+        EXPECT_EQ(d, 'D');
+        EXPECT_EQ(mismatch(110, 0, win.data(), 300000), "");
+        EXPECT_EQ(mismatch(111, 0, win.data() + kWin - 5000, 5000), "");
+        EXPECT_TRUE(std::all_of(win.begin() + 300000, win.end() - 5000, [](char c) { return !c; }))
+            << "bytes outside the written pieces changed";
+        ch.signal();
+      });
+}
+
+// Before the peer exposed a window, a non-blocking write says EAGAIN; on a plain TCP socket
+// (the layer keeps it: rules) both calls fail with ENOPROTOOPT.
+TEST(Extended, NoWindowYetIsEagainAndTcpIsEnoprotoopt) {
+  connected(
+      [](Channel &ch, int fd) {
+        char c = 1;
+        set_nonblocking(fd, true);
+        EXPECT_EQ(pcientb_sdp_write(fd, &c, 1, 0), -1);
+        EXPECT_EQ(errno, EAGAIN);
+        set_nonblocking(fd, false);
+        int plain = socket(AF_INET, SOCK_STREAM, 0);
+        EXPECT_EQ(pcientb_sdp_expose(plain, &c, 1), -1);
+        EXPECT_EQ(errno, ENOPROTOOPT);
+        close(plain);
+        ch.signal();
+      },
+      [](Channel &ch, int) { ch.wait(); });
+}
+
 // ---- signals ---------------------------------------------------------------------------------
 
 // A signal arrives while a thread is blocked in recv(): with SA_RESTART the call goes on

@@ -28,6 +28,8 @@ enum pcientb_sdp_path {
   PCIENTB_SDP_PATH_PENDING = 2, /* not connected yet, or still negotiating */
 };
 
+/* A shorter buffer (a program built against the first version of this header) gets the
+ * fields it has room for. */
 struct pcientb_sdp_stats {
   uint32_t path; /* enum pcientb_sdp_path */
   uint32_t reserved;
@@ -35,6 +37,45 @@ struct pcientb_sdp_stats {
   uint64_t bcopy_rx;
   uint64_t zcopy_tx; /* payload bytes the peer read from this side's buffers */
   uint64_t zcopy_rx;
+  uint64_t onesided_tx;   /* bytes written into the peer's exposed window (pcientb_sdp_write) */
+  uint64_t registrations; /* buffers this socket registered (zero copy, one-sided, window) */
 };
+
+/* One-sided writes, in the spirit of rsockets' riomap/riowrite. A program exposes a buffer
+ * of its own to the peer of an SDP socket; the peer writes into it at an offset, and this
+ * side makes no call for it. A write is ordered with the byte stream: what the writer sends
+ * after it arrives after its data is in place, so "write, then send a message" tells the
+ * exposing side that the data is there. On a socket that is not (or no longer) on SDP the
+ * calls fail, and the program sends its data through the stream instead.
+ *
+ *   setsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_EXPOSE, &struct pcientb_sdp_window, sizeof)
+ *     exposes [addr, addr + len) to the peer's writes (one window per socket; a new one
+ *     replaces it, len 0 withdraws it). The memory must stay valid while exposed.
+ *   setsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_WRITE, &struct pcientb_sdp_window, sizeof)
+ *     with offset: writes len bytes from addr into the peer's window at offset, and returns
+ *     once they are in place. It waits for the peer's window if none came yet (EAGAIN on a
+ *     non-blocking socket).
+ * Errors: ENOPROTOOPT (not an SDP socket: kernel TCP, or the layer is not there), EINVAL
+ * (outside the window), EOPNOTSUPP (the connection went back to TCP), ECONNRESET/EPIPE. */
+#define PCIENTB_SDP_EXPOSE 82
+#define PCIENTB_SDP_WRITE 83
+
+struct pcientb_sdp_window {
+  void *addr;
+  uint64_t len;
+  uint64_t offset; /* PCIENTB_SDP_WRITE: where in the peer's window */
+};
+
+#include <sys/socket.h>
+
+static inline int pcientb_sdp_expose(int fd, void *addr, uint64_t len) {
+  struct pcientb_sdp_window w = {addr, len, 0};
+  return setsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_EXPOSE, &w, sizeof w);
+}
+
+static inline int pcientb_sdp_write(int fd, const void *addr, uint64_t len, uint64_t offset) {
+  struct pcientb_sdp_window w = {(void *)addr, len, offset};
+  return setsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_WRITE, &w, sizeof w);
+}
 
 #endif /* PCIENTB_SDP_H */
