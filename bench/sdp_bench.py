@@ -28,12 +28,14 @@ by repetition), so that the machine's fast and slow spells hit both:
   latency  ping-pong 1 B .. 64 KiB, median and p99 one-way (RTT/2), SDP/TCP, beside the
            shared-memory ping-pong reference (sockbench refs, bench/references.hpp)
   zcopy    SDP only: BCopy (PCIENTB_SDP_ZCOPY_THRESH=0) against ZCopy (=1: every blocking send
-           goes zero-copy), 1, 2, 4, 8 connections, 4 KiB .. 4 MiB: MB/s, CPU s/GB, the
-           crossover size per connection count, beside memcpy (sockbench refs)
+           goes zero-copy) and the adaptive threshold (=auto), 1, 2, 4, 8 connections,
+           4 KiB .. 4 MiB: MB/s, CPU s/GB, the crossover size per connection count, beside
+           memcpy (sockbench refs); auto against every fixed threshold over the sweep
 
 Targets (reported, not enforced): stream >= 64 KiB at >= 3x TCP; 1-byte writes >= 20x TCP;
 64-byte ping-pong latency <= 0.1x TCP; ZCopy (1 connection) >= 0.7x memcpy at 4 MiB; ZCopy CPU
-per byte at 8 connections (4 MiB) <= 0.3x BCopy's.
+per byte at 8 connections (4 MiB) <= 0.3x BCopy's; auto never below 0.9x the better fixed
+choice at any point, and above the best single fixed threshold over the sweep (issue 12).
 
 Every SDP-leg run must report path "sdp" (getsockopt PCIENTB_SDP_STATS) and the TCP leg
 "unknown" (no layer); the ZCopy leg must have moved its bytes by ZCopy and the BCopy leg none;
@@ -70,7 +72,8 @@ PHASES = ("stream", "latency", "zcopy")
 # The legs: (name, launched under pcientb-sdp, extra environment).
 LEGS = {"sdp": (True, {}), "tcp": (False, {}),
         "bcopy": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "0"}),
-        "zcopy": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "1"})}
+        "zcopy": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "1"}),
+        "auto": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "auto"})}
 # Variables of the layer that would change what a leg measures; each leg sets its own.
 LAYER_ENV = ("PCIENTB_SDP", "PCIENTB_SDP_CONFIG", "PCIENTB_SDP_ZCOPY_THRESH", "PCIENTB_SDP_LOG",
              "LD_PRELOAD")
@@ -332,7 +335,7 @@ class Bench:
                     self.progress(f"rep {rep} memcpy 4 MiB: {ref['memcpy_MBps'][4 * MiB]:.0f} MB/s")
                 for conns in a.zc_conns:
                     for size in a.zc_sizes:
-                        for leg in order(rep, ["bcopy", "zcopy"]):
+                        for leg in order(rep, ["bcopy", "zcopy", "auto"]):
                             self.measure("zcopy", rep, leg, size, conns)
                 self.stop_servers()
 
@@ -439,21 +442,27 @@ def summarize(bench, args):
         rows = []
         for size in args.zc_sizes:
             row = {"conns": conns, "size": size}
-            for leg in ("bcopy", "zcopy"):
+            for leg in ("bcopy", "zcopy", "auto"):
                 row[f"{leg}_MBps"] = median(figures(runs, "zcopy", leg, size, conns, "MBps"))
                 row[f"{leg}_cpu_s_per_GB"] = median(
                     figures(runs, "zcopy", leg, size, conns, "cpu_s_per_GB"))
-            st = [r["result"].get("sdp_stats") for r in runs if r["phase"] == "zcopy"
-                  and r["leg"] == "zcopy" and r["size"] == size and r["conns"] == conns
-                  and "result" in r and r["result"].get("sdp_stats")]
-            moved = sum(s["bcopy_tx"] + s["zcopy_tx"] for s in st)
-            row["zcopy_share"] = sum(s["zcopy_tx"] for s in st) / moved if moved else None
+                st = [r["result"].get("sdp_stats") for r in runs if r["phase"] == "zcopy"
+                      and r["leg"] == leg and r["size"] == size and r["conns"] == conns
+                      and "result" in r and r["result"].get("sdp_stats")]
+                moved = sum(s["bcopy_tx"] + s["zcopy_tx"] for s in st)
+                row[f"{leg}_zcopy_share"] = (sum(s["zcopy_tx"] for s in st) / moved
+                                             if moved else None)
+            row["zcopy_share"] = row.pop("zcopy_zcopy_share")
+            row["auto_x_better"] = ratio(row["auto_MBps"], max(
+                (v for v in (row["bcopy_MBps"], row["zcopy_MBps"]) if v is not None),
+                default=None))
             row["bw_ratio"] = ratio(row["zcopy_MBps"], row["bcopy_MBps"])
             row["cpu_ratio"] = ratio(row["zcopy_cpu_s_per_GB"], row["bcopy_cpu_s_per_GB"])
             row["zcopy_x_memcpy"] = ratio(row["zcopy_MBps"], res["memcpy_MBps"].get(size))
             rows.append(row)
         res["zcopy"] += rows
         res["crossover"][conns] = crossover(rows)
+    res["auto"] = auto_against_fixed(res["zcopy"])
     res["targets"] = targets(res)
     return res
 
@@ -479,6 +488,30 @@ def crossover(rows):
     est = 2 ** (math.log2(s0) + (1 - q0) / (q1 - q0) * (math.log2(s1) - math.log2(s0)))
     return {"size": s1, "estimate": est,
             "text": f"{size_label(s1)} (interpolated {est / KiB:.0f} KiB)"}
+
+
+def auto_against_fixed(rows):
+    """The threshold `auto` against every fixed threshold T of the sweep (a send of at least
+    T goes ZCopy: its figure at a point is the ZCopy leg's from T up, BCopy's below; T = inf
+    is BCopy only): the geometric mean over every point of (MB/s / the better fixed choice
+    there), and auto's worst point."""
+    pts = [r for r in rows if None not in (r["bcopy_MBps"], r["zcopy_MBps"], r["auto_MBps"])]
+    if not pts:
+        return None
+    def score(pick):
+        return math.exp(statistics.fmean(
+            math.log(pick(r) / max(r["bcopy_MBps"], r["zcopy_MBps"])) for r in pts))
+    fixed = {}
+    for t in sorted({r["size"] for r in pts}) + [math.inf]:
+        fixed[t] = score(lambda r, t=t: r["zcopy_MBps"] if r["size"] >= t else r["bcopy_MBps"])
+    best_t = max(fixed, key=fixed.get)
+    worst = min(pts, key=lambda r: r["auto_x_better"])
+    return {"auto_score": score(lambda r: r["auto_MBps"]),
+            "fixed_scores": {("inf" if t == math.inf else t): v for t, v in fixed.items()},
+            "best_fixed": "inf" if best_t == math.inf else best_t,
+            "best_fixed_score": fixed[best_t],
+            "worst": {"conns": worst["conns"], "size": worst["size"],
+                      "ratio": worst["auto_x_better"]}}
 
 
 def targets(res):
@@ -509,6 +542,15 @@ def targets(res):
     z8 = next((r for r in res["zcopy"] if r["conns"] == 8 and r["size"] == 4 * MiB), None)
     if z8:
         add("CPU s/GB at 8 connections (4 MiB), ZCopy / BCopy", z8["cpu_ratio"], 0.3, "<=")
+    a = res.get("auto")
+    if a:
+        w = a["worst"]
+        add("ZCopy threshold auto, worst point / the better fixed choice there", w["ratio"],
+            0.9, ">=", f"at {size_label(w['size'])} x{w['conns']}")
+        best = a["best_fixed"]
+        add("ZCopy threshold auto / the best single fixed threshold (geometric mean over the "
+            "sweep)", a["auto_score"] / a["best_fixed_score"], 1, ">=",
+            f"best fixed: {'BCopy only' if best == 'inf' else size_label(best)}")
     return out
 
 
@@ -559,25 +601,35 @@ def markdown(res, meta, traffic, failures):
                      f"{fmt(r['tcp_p99_us'], '.2f')} | {fmt(r['ratio'], '.3f')}x | "
                      f"{fmt(r['sdp_x_shm'], '.1f')}x |")
     if res["zcopy"]:
-        L += ["", "## Zero-copy SDP: BCopy (threshold 0) against ZCopy (threshold 1)", "",
+        L += ["", "## Zero-copy SDP: BCopy (threshold 0), ZCopy (threshold 1) and auto", "",
               "memcpy reference (bench/references): "
               + ", ".join(f"{size_label(s)} {v:.0f} MB/s"
                           for s, v in res["memcpy_MBps"].items() if s in (64 * KiB, 4 * MiB)),
               ""]
         L.append("| conns | size | BCopy MB/s | ZCopy MB/s | Z / B | ZCopy / memcpy | "
-                 "BCopy CPU s/GB | ZCopy CPU s/GB | Z / B CPU | ZCopy share |")
-        L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "BCopy CPU s/GB | ZCopy CPU s/GB | Z / B CPU | ZCopy share | auto MB/s | "
+                 "auto / better | auto's ZCopy share |")
+        L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                 "| ---: | ---: |")
+        pct = lambda v: "n/a" if v is None else f"{100 * v:.0f}%"  # noqa: E731
         for r in res["zcopy"]:
-            share = "n/a" if r["zcopy_share"] is None else f"{100 * r['zcopy_share']:.0f}%"
             L.append(f"| {r['conns']} | {size_label(r['size'])} | {fmt(r['bcopy_MBps'])} | "
                      f"{fmt(r['zcopy_MBps'])} | {fmt(r['bw_ratio'], '.2f')}x | "
                      f"{fmt(r['zcopy_x_memcpy'], '.2f')}x | "
                      f"{fmt(r['bcopy_cpu_s_per_GB'], '.3g')} | "
                      f"{fmt(r['zcopy_cpu_s_per_GB'], '.3g')} | {fmt(r['cpu_ratio'], '.2f')}x | "
-                     f"{share} |")
+                     f"{pct(r['zcopy_share'])} | {fmt(r['auto_MBps'])} | "
+                     f"{fmt(r['auto_x_better'], '.2f')}x | {pct(r['auto_zcopy_share'])} |")
         L += ["", "Crossover (smallest size from which ZCopy's bandwidth stays >= BCopy's):", ""]
         for conns, c in res["crossover"].items():
             L.append(f"- {conns} connection{'s' if conns > 1 else ''}: {c['text']}")
+        a = res.get("auto")
+        if a:
+            L += ["", "Threshold `auto` against fixed thresholds (geometric mean over the sweep "
+                  "of MB/s / the better fixed choice at each point; 1.0 = always the better):",
+                  "", f"- auto: {a['auto_score']:.3f}"]
+            L += [f"- fixed {'BCopy only' if t == 'inf' else size_label(t)}: {v:.3f}"
+                  for t, v in a["fixed_scores"].items()]
     L += ["", "## Checks", "", f"- {traffic['text']}"]
     if failures:
         L.append(f"- {len(failures)} failure(s):")

@@ -134,7 +134,16 @@ struct State {
     const char *e;
     if ((e = getenv("PCIENTB_SDP")) && (!strcmp(e, "off") || !strcmp(e, "0"))) cfg.enabled = false;
     if ((e = getenv("PCIENTB_SDP_LOG")) && *e && strcmp(e, "0") != 0) cfg.log = true;
-    if ((e = getenv("PCIENTB_SDP_ZCOPY_THRESH")) && *e) cfg.zcopy_thresh = atoi(e);
+    if ((e = getenv("PCIENTB_SDP_ZCOPY_THRESH")) && *e) {
+      char *end;
+      long v = strtol(e, &end, 0);
+      if (!strcmp(e, "auto"))
+        cfg.zcopy_thresh = SDP_ZCOPY_AUTO;
+      else if (*end == 0 && v >= 0 && v <= INT_MAX)
+        cfg.zcopy_thresh = int(v);
+      else
+        fprintf(stderr, "pcientb-sdp: PCIENTB_SDP_ZCOPY_THRESH=%s ignored (bytes, 0 or auto)\n", e);
+    }
     if ((e = getenv("PCIENTB_SDP_SPIN_US")) && *e) cfg.spin_us = atoi(e);
     if ((e = getenv("PCIENTB_SDP_RING")) && *e) {
       long v = strtol(e, nullptr, 0);

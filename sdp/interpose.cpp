@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
@@ -701,6 +702,19 @@ SDP_EXPORT int dup3(int fd, int nfd, int flags) {
   return after_dup_to(fd, nfd, real().dup3(fd, nfd, flags));
 }
 
+// stdio reads and writes a descriptor through glibc's internal calls, which the layer does
+// not see: a connection a program wraps in a FILE goes back to TCP first.
+SDP_EXPORT FILE *fdopen(int fd, const char *mode) {
+  static auto real_fdopen =
+      reinterpret_cast<FILE *(*)(int, const char *)>(dlsym(RTLD_NEXT, "fdopen"));
+  bool failed;
+  if (std::shared_ptr<Sock> s = sdp_of(fd, &failed)) {
+    logf("fd %d: fdopen: the connection goes back to TCP (stdio bypasses the layer)", fd);
+    hand_back_sock(*s);
+  }
+  return real_fdopen(fd, mode);
+}
+
 SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len) {
   std::shared_ptr<Sock> s = find_sock(fd);
   if (level == IPPROTO_TCP && (name == SDP_ZCOPY_THRESH || name == PCIENTB_SDP_STATS) && val &&
@@ -710,8 +724,7 @@ SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
       return -1;
     }
     if (name == SDP_ZCOPY_THRESH && *len >= sizeof(int)) {
-      *static_cast<int *>(val) =
-          s && s->zcopy_thresh >= 0 ? s->zcopy_thresh : config().zcopy_thresh;
+      *static_cast<int *>(val) = s ? zcopy_threshold(*s) : config().zcopy_thresh;
       *len = sizeof(int);
       return 0;
     }
@@ -762,7 +775,7 @@ SDP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
       errno = ENOPROTOOPT;
       return -1;
     }
-    if (!val || len < sizeof(int) || *static_cast<const int *>(val) < 0) {
+    if (!val || len < sizeof(int) || *static_cast<const int *>(val) < SDP_ZCOPY_AUTO) {
       errno = EINVAL;
       return -1;
     }

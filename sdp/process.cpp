@@ -71,9 +71,7 @@ void hand_back(bool exec, bool all) {
       if (!handshake_before_exec(s)) continue;
     }
     if (s.state != State::kSdp) continue;
-    multiplex_forget(s, true);  // before its link goes: an epoll scan may look at it
-    stream_revert(s);
-    forget_sock(s.fd);
+    hand_back_sock(s);
   }
   g_share_epoch.fetch_add(1, std::memory_order_relaxed);
 }
@@ -106,9 +104,7 @@ void hand_back_ino(uint64_t ino) {
     Sock &s = *u.s;
     if (s.ino != ino || s.state != State::kSdp || inherited(s) || s.owner != getpid()) continue;
     logf("fd %d: another process uses the socket: handing the connection back to TCP", s.fd);
-    multiplex_forget(s, true);
-    stream_revert(s);
-    forget_sock(s.fd);
+    hand_back_sock(s);
     return;
   }
 }
@@ -116,6 +112,12 @@ void hand_back_ino(uint64_t ino) {
 pid_t listener_pid = 0;
 
 }  // namespace
+
+void hand_back_sock(Sock &s) {
+  multiplex_forget(s, true);  // before its link goes: an epoll scan may look at it
+  stream_revert(s);
+  forget_sock(s.fd);
+}
 
 void hand_back_listen() {
   if (listener_pid == getpid()) return;

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -25,9 +26,11 @@ namespace sdp {
 
 // ---- config.cpp --------------------------------------------------------------------------
 struct Config {
-  bool enabled = true;             // PCIENTB_SDP=off takes nothing
-  bool log = false;                // PCIENTB_SDP_LOG=1
-  int zcopy_thresh = 1 << 20;      // PCIENTB_SDP_ZCOPY_THRESH (see NOTES.md: the crossover here)
+  bool enabled = true;  // PCIENTB_SDP=off takes nothing
+  bool log = false;     // PCIENTB_SDP_LOG=1
+  // PCIENTB_SDP_ZCOPY_THRESH: bytes, 0 (never), or `auto` (SDP_ZCOPY_AUTO, adaptive.cpp).
+  // See NOTES.md for the crossover here.
+  int zcopy_thresh = 1 << 20;
   uint32_t ring_bytes = 1u << 20;  // PCIENTB_SDP_RING (receive ring per direction)
   int spin_us = 50;                // PCIENTB_SDP_SPIN_US: busy-poll before sleeping
   std::string fabric;              // PCIENTB_FABRIC
@@ -197,6 +200,8 @@ extern std::atomic<uint32_t> g_fork_gen;
 extern std::atomic<uint64_t> g_share_epoch;
 
 // ---- the socket ---------------------------------------------------------------------------
+constexpr int kThreshUnset = INT_MIN;  // a socket's threshold: the configured one
+
 enum class State {
   kCandidate,  // a TCP socket the layer may still take (not connected)
   kListener,
@@ -228,6 +233,35 @@ class SockMutex {
 };
 using SockLock = std::unique_lock<SockMutex>;
 
+// ---- signals.cpp: blocked calls and SA_RESTART --------------------------------------------
+// Before a wait sleeps: forget the signals this thread saw.
+void signal_wait_begins();
+// After the sleep ended with EINTR: whether the call goes on, as the kernel's would (every
+// handler that ran on this thread meanwhile has SA_RESTART).
+bool signal_restarts();
+
+// ---- adaptive.cpp: the ZCopy threshold `auto` -------------------------------------------
+constexpr size_t kAutoMinBytes = 16 << 10;  // smaller sends go BCopy (no crossover below)
+struct Sock;
+// One blocking send of at least kAutoMinBytes on a socket whose threshold is `auto`: which
+// path to take (zcopy()), and that it completed by a path (done(); a send that does not say
+// so, failed or partly sent by the other path, is not counted).
+class AutoSend {
+ public:
+  AutoSend(Sock &s, size_t len);
+  AutoSend(const AutoSend &) = delete;
+  AutoSend &operator=(const AutoSend &) = delete;
+  bool zcopy() const { return zcopy_; }
+  void done(size_t sent, bool went_zcopy);
+
+ private:
+  Sock &s_;
+  const int size_;
+  uint64_t epoch_ = 0;
+  bool zcopy_ = false;
+};
+uint64_t now_ns();  // CLOCK_MONOTONIC (stream.cpp)
+
 struct Sock : std::enable_shared_from_this<Sock> {
   explicit Sock(int fd_, int domain_) : fd(fd_), domain(domain_) {}
   ~Sock();
@@ -251,7 +285,8 @@ struct Sock : std::enable_shared_from_this<Sock> {
   State state = State::kCandidate;
   Role role = Role::kClient;
   bool nonblocking = false;
-  int zcopy_thresh = -1;  // -1: the configured default
+  int zcopy_thresh = kThreshUnset;  // SDP_ZCOPY_THRESH set on this socket
+  uint64_t auto_epoch = 0;          // the last `auto` epoch a send of this socket counted in
   int mark_fd = -1;
   uint16_t mark_port = 0;   // the client port its marker names         // listener mark or client
                             // marker (abstract AF_UNIX name)
@@ -293,6 +328,7 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t peer_win_addr = 0, peer_win_len = 0;  // the window the peer exposed (len 0: none)
   uint32_t peer_win_rkey = 0;
   uint32_t window_writes = 0;  // one-sided writes posted, not complete
+  bool window_failed = false;  // one of them completed in error
   // The kernel socket holds data before the peer's REVERT arrived (its forked child writes):
   // watched for its end only, or the waits would spin.
   std::atomic<bool> tcp_early{false};
@@ -317,6 +353,11 @@ struct Sock : std::enable_shared_from_this<Sock> {
   const char *reason = "";
   bool stats_written = false;
 };
+
+// The threshold a send on `s` goes by: bytes, 0 (BCopy only) or SDP_ZCOPY_AUTO.
+inline int zcopy_threshold(const Sock &s) {
+  return s.zcopy_thresh != kThreshUnset ? s.zcopy_thresh : config().zcopy_thresh;
+}
 
 // A forked child's copy of a connection (or handshake) whose QP is its parent's.
 inline bool inherited(const Sock &s) {
@@ -369,6 +410,9 @@ void process_start();
 // `ino` back to TCP: it may hold it as an SDP connection while this process uses the socket.
 constexpr pid_t kAncestors = -1;
 void ask_hand_back(pid_t owner, uint64_t ino);
+// Hands this process's SDP connection `s` back to TCP now; the kernel serves its descriptor
+// from then on (another process, or stdio, uses it).
+void hand_back_sock(Sock &s);
 // The first SDP connection of this process: it takes such requests from now on.
 void hand_back_listen();
 void process_fork_parent();  // fork handlers: counters only, no heap

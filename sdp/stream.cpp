@@ -24,12 +24,20 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "sdp.hpp"
 
 namespace sdp {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
 namespace {
 
 enum RecType : uint8_t { kData = 1, kPad = 2, kSrcAvail = 3, kFin = 4, kRevert = 5, kWindow = 6 };
@@ -63,12 +71,6 @@ constexpr uint64_t kRound = 16;
 
 uint64_t round16(uint64_t n) {
   return (n + kRound - 1) & ~(kRound - 1);
-}
-
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
 uint64_t credit_bytes(const Sock &s) {
@@ -186,6 +188,46 @@ void answer_cancel(Sock &s) {
 
 void take_revert(Sock &s);
 
+// A WINDOW record takes effect where it is in the stream: when the program reads past it (a
+// write after reading "use this window" goes where the exposing side meant, even if a newer
+// window has arrived since). The first one also when it reaches the ring's head, so that a
+// side that only writes gets a window.
+void take_window(Sock &s, const char *payload) {
+  SrcAvail w;
+  memcpy(&w, payload, sizeof w);
+  s.peer_win_addr = w.addr;
+  s.peer_win_rkey = w.rkey;
+  s.peer_win_len = w.len;
+}
+
+// Consumes the records at the ring's head that carry no bytes and change nothing there: PADs,
+// and the first WINDOW when no window is in effect.
+void skip_empty_records(Sock &s) {
+  const Link &l = s.link;
+  const uint64_t mask = l.ring_bytes - 1;
+  while (s.rx_pos < s.rx_produced && s.rec_off == 0 && s.rx_pos != s.revert_at) {
+    const Rec *r = reinterpret_cast<const Rec *>(l.ring + (s.rx_pos & mask));
+    if (r->type == kWindow && !s.peer_win_len)
+      take_window(s, l.ring + ((s.rx_pos + kRound) & mask));
+    else if (r->type != kPad)
+      break;
+    s.rx_pos += kRound + round16(r->len);
+  }
+}
+
+// The first record from the ring's head that a receive would return something for (DATA,
+// SRC_AVAIL, FIN, REVERT): WINDOWs and PADs before it are not news (poll, peek, and the
+// checks of what the peer does next look past them), or nullptr.
+const Rec *data_head(const Sock &s) {
+  const uint64_t mask = s.link.ring_bytes - 1;
+  for (uint64_t pos = s.rx_pos; pos < s.rx_produced;) {
+    const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (pos & mask));
+    if ((r->type != kWindow && r->type != kPad) || pos == s.revert_at) return r;
+    pos += kRound + round16(r->len);
+  }
+  return nullptr;
+}
+
 // Reaps completions: immediates (ring bytes or acks), send-queue progress, errors.
 void progress(Sock &s) {
   Link &l = s.link;
@@ -208,8 +250,11 @@ void progress(Sock &s) {
         // A READ's bytes are lost with the peer's buffer. Writes and receives failing after
         // the peer handed the connection back are expected (its ring went): the REVERT
         // before them, found below, says so.
-        if (w.wr_id & kWindowWrite) s.window_writes = 0;
-        if (w.opcode == IBV_WC_RDMA_READ || (w.wr_id & kWindowWrite))
+        if (w.wr_id & kWindowWrite) {  // its writer learns of it (stream_write_window)
+          s.window_writes = 0;
+          s.window_failed = true;
+        }
+        if (w.opcode == IBV_WC_RDMA_READ)
           set_error(s, ECONNRESET);
         else
           writes_failed = true;
@@ -252,13 +297,6 @@ void progress(Sock &s) {
   while (s.revert_at == ~0ull && s.rx_scan < s.rx_produced) {
     const Rec *r = reinterpret_cast<const Rec *>(l.ring + (s.rx_scan & (l.ring_bytes - 1)));
     if (r->type == kFin) s.fin_arrived = true;
-    if (r->type == kWindow) {  // in effect from here on (ordered with the stream)
-      SrcAvail w;
-      memcpy(&w, l.ring + ((s.rx_scan + kRound) & (l.ring_bytes - 1)), sizeof w);
-      s.peer_win_addr = w.addr;
-      s.peer_win_rkey = w.rkey;
-      s.peer_win_len = w.len;
-    }
     if (r->type == kRevert) {
       s.revert_at = s.rx_scan;
       take_revert(s);
@@ -267,6 +305,7 @@ void progress(Sock &s) {
     s.rx_scan += kRound + round16(r->len);
   }
   if (writes_failed && s.revert_at == ~0ull) set_error(s, ECONNRESET);
+  skip_empty_records(s);
   if (s.tx_tcp) return;  // no acks into a ring that is going
   if (s.peer_cancel_req > s.cancel_answered) answer_cancel(s);
   // A side that only sends still reaps the peer's acks: it must say so, or the peer runs
@@ -384,33 +423,18 @@ bool revert_at_head(const Sock &s) {
 }
 
 bool rx_ready(const Sock &s) {
-  return s.rx_pos < s.rx_produced || s.peer_fin;
+  return data_head(s) || s.peer_fin;
 }
 
 bool fin_at_head(const Sock &s) {
-  if (s.rx_pos >= s.rx_produced) return false;
-  return reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)))->type ==
-         kFin;
+  const Rec *r = data_head(s);
+  return r && r->type == kFin;
 }
 
 // Room for a record of `bytes` (after the FIN reserve), and writes for it beyond an ack's
 // and a FIN's.
 bool tx_ready(const Sock &s, uint64_t bytes) {
   return data_credit(s) >= bytes && credit_msgs(s) >= 4;
-}
-
-// After EINTR: whether the call restarts, as the kernel restarts a socket call when the
-// signal's handler has SA_RESTART. Which signal came is not known here: restart only when
-// every caught signal's handler asks for it.
-bool restart_after_signal() {
-  for (int sig = 1; sig < NSIG; ++sig) {
-    struct sigaction sa;
-    if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, nullptr, &sa) != 0) continue;
-    bool caught = (sa.sa_flags & SA_SIGINFO) ? sa.sa_sigaction != nullptr
-                                             : sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
-    if (caught && !(sa.sa_flags & SA_RESTART)) return false;
-  }
-  return true;
 }
 
 // Waits, with s.mu held through `lk` (released while sleeping), until ready() or the
@@ -459,12 +483,14 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
                    {s.fd, short(s.tcp_early ? POLLRDHUP : POLLIN | POLLRDHUP), 0},
                    {s.link.kick_fd, POLLIN, 0}};
     lk.unlock();
+    signal_wait_begins();
     int r = real().poll(p, 3, ms);
     int err = errno;
     lk.lock();
     --s.sleepers;
     if (!s.link.qp) return EBADF;
-    if (r < 0 && err == EINTR && !restart_after_signal()) return EINTR;
+    // As the kernel restarts a socket call after a handler with SA_RESTART (signals.cpp).
+    if (r < 0 && err == EINTR && !signal_restarts()) return EINTR;
     if (p[0].revents) link_drain(s.link);
     if (p[2].revents) stream_take_kick(s);
     if (p[1].revents) check_peer(s, p[1].revents & (POLLRDHUP | POLLHUP | POLLERR));
@@ -659,9 +685,8 @@ ssize_t send_failed(Sock &s, size_t sent, int flags) {
 // Whether the peer's next record for this side is a zero-copy advertisement: the peer is
 // blocked in its own zero-copy send.
 bool peer_src_at_head(const Sock &s) {
-  if (s.rx_pos >= s.rx_produced) return false;
-  const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)));
-  return r->type == kSrcAvail && r->arg > s.skip_src_upto;
+  const Rec *r = data_head(s);
+  return r && r->type == kSrcAvail && r->arg > s.skip_src_upto;
 }
 
 // Read ZCopy, source side: advertise the buffer, wait until the sink has read it. The wait
@@ -755,11 +780,16 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   if (s.error) return send_failed(s, 0, flags);
   const size_t total = iov_total(iov, iovcnt);
   if (total == 0) return 0;
-  const int thresh = s.zcopy_thresh >= 0 ? s.zcopy_thresh : config().zcopy_thresh;
+  // Zero copy needs one buffer and a caller that waits for the peer to read it.
+  const int thresh = zcopy_threshold(s);
+  const bool may_zcopy = block && iovcnt == 1 && total <= (1u << 31);
+  std::optional<AutoSend> choice;
+  if (may_zcopy && thresh == SDP_ZCOPY_AUTO && total >= kAutoMinBytes) choice.emplace(s, total);
   size_t sent = 0;
-  if (block && thresh > 0 && iovcnt == 1 && total >= size_t(thresh) && total <= (1u << 31)) {
+  if (choice ? choice->zcopy() : may_zcopy && thresh > 0 && total >= size_t(thresh)) {
     bool interrupted = false;
     ssize_t r = zcopy_send(s, lk, iov[0].iov_base, total, flags, &interrupted);
+    if (r >= 0 && size_t(r) == total && choice) choice->done(total, true);
     if (r == -1 || size_t(r) == total) return r;
     if (r >= 0) {
       if (interrupted) {
@@ -812,6 +842,7 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   // once: a request is never held back from its answer.
   if (++s.burst <= kBurstImmediate || s.tx_pos - s.tx_posted >= kCoalesceBytes) flush(s);
   if (s.tx_posted != s.tx_pos && !s.tx_tcp) flusher_add(s);
+  if (choice && sent == total) choice->done(sent, false);
   return ssize_t(sent);
 }
 
@@ -832,12 +863,12 @@ int rdma_and_wait(Sock &s, SockLock &lk, ibv_wr_opcode op, void *local, size_t l
   wr.num_sge = 1;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.wr_id = tag | (s.unsignaled + 1);
-  s.unsignaled = 0;
   wr.wr.rdma.remote_addr = remote;
   wr.wr.rdma.rkey = rkey;
   ibv_send_wr *bad = nullptr;
   int rc = ibv_post_send(s.link.qp, &wr, &bad);
   if (rc == 0) {
+    s.unsignaled = 0;  // this completion stands for them
     ++s.sq_used;
     ++*pending;
     while (*pending && !s.error && s.link.qp) wait_until(s, lk, [&] { return *pending == 0; });
@@ -878,7 +909,10 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
       }
       consumed = off == rec.len;
       if (!consumed) break;  // the caller's buffer is full
-    } else if (rec.type == kPad || rec.type == kWindow) {
+    } else if (rec.type == kPad) {
+      consumed = true;
+    } else if (rec.type == kWindow) {
+      if (!peek) take_window(s, payload);
       consumed = true;
     } else if (rec.type == kRevert) {
       break;  // the rest comes over TCP
@@ -1021,7 +1055,7 @@ short stream_poll(Sock &s, uint64_t *changes, bool *on_tcp) {
     pollfd p{s.fd, POLLOUT, 0};
     if (real().poll(&p, 1, 0) > 0 && (p.revents & POLLOUT)) r |= POLLOUT;
   }
-  if (s.rx_pos < s.rx_produced || s.peer_fin || s.rd_shut) r |= POLLIN;
+  if (rx_ready(s) || s.rd_shut) r |= POLLIN;
   if (s.peer_fin || s.fin_arrived) r |= POLLRDHUP;
   if (s.fin_sent ||
       (!s.tx_tcp && tx_ready(s, std::min<uint64_t>(s.link.remote.ring_bytes / 4, 65536))))
@@ -1104,21 +1138,23 @@ int stream_write_window(Sock &s, const void *addr, uint64_t len, uint64_t offset
     return -1;
   }
   const bool block = !s.nonblocking;
+  auto can_write = [&] {
+    return s.peer_win_len && s.tx_posted == s.tx_pos && s.sq_used + 2 < s.link.send_depth;
+  };
   for (;;) {
     progress(s);
     if (s.tx_tcp || s.error) {
       errno = s.error ? s.error : EOPNOTSUPP;
       return -1;
     }
-    if (s.peer_win_len && s.sq_used + 2 < s.link.send_depth) break;
+    flush(s);  // what was sent before the write goes before it
+    if (can_write()) break;
     if (!block) {
       errno = EAGAIN;
       return -1;
     }
     if (int e = wait_until(
-            s, lk,
-            [&] { return (s.peer_win_len && s.sq_used + 2 < s.link.send_depth) || s.tx_tcp; },
-            s.snd_timeo_ns)) {
+            s, lk, [&] { return can_write() || s.tx_tcp; }, s.snd_timeo_ns)) {
       errno = s.state == State::kSdp ? e : EOPNOTSUPP;
       return -1;
     }
@@ -1128,11 +1164,12 @@ int stream_write_window(Sock &s, const void *addr, uint64_t len, uint64_t offset
     return -1;
   }
   if (len == 0) return 0;
-  flush(s);
-  if (int rc = rdma_and_wait(s, lk, IBV_WR_RDMA_WRITE, const_cast<void *>(addr), len,
-                             s.peer_win_addr + offset, s.peer_win_rkey, kWindowWrite,
-                             &s.window_writes)) {
-    errno = rc;
+  s.window_failed = false;
+  int rc = rdma_and_wait(s, lk, IBV_WR_RDMA_WRITE, const_cast<void *>(addr), len,
+                         s.peer_win_addr + offset, s.peer_win_rkey, kWindowWrite, &s.window_writes);
+  if (!rc && s.window_failed) rc = s.tx_tcp ? EOPNOTSUPP : s.error ? s.error : ECONNRESET;
+  if (rc) {
+    errno = rc == EBADF && s.state != State::kSdp ? EOPNOTSUPP : rc;
     return -1;
   }
   s.stats.onesided_tx += len;

@@ -2229,6 +2229,48 @@ TEST(Extended, OneSidedWritesLandBeforeWhatIsSentAfterThem) {
       });
 }
 
+// A window takes effect where it is in the stream: the exposing side sends "1", exposes a
+// second window, sends "2". A write made after reading "1" goes into the first window although
+// the second has already arrived; one made after reading "2" goes into the second. A window
+// alone at the ring's head (nothing after it) does not make the socket readable.
+TEST(Extended, AWindowTakesEffectWhereItIsInTheStream) {
+  static constexpr size_t kWin = 64 << 10, kPiece = 3000;
+  connected(
+      [](Channel &ch, int fd) {
+        std::this_thread::sleep_for(200ms);  // both windows and both bytes have arrived
+        std::vector<char> x = pattern(120, 0, kPiece), y = pattern(121, 0, kPiece);
+        char c;
+        recv_exact(fd, &c, 1);
+        EXPECT_EQ(c, '1');
+        ASSERT_EQ(pcientb_sdp_write(fd, x.data(), x.size(), 0), 0) << strerror(errno);
+        recv_exact(fd, &c, 1);
+        EXPECT_EQ(c, '2');
+        ASSERT_EQ(pcientb_sdp_write(fd, y.data(), y.size(), 0), 0) << strerror(errno);
+        send_all(fd, "D", 1);
+        ch.wait();  // the exposing side has looked at both windows
+        pollfd p{fd, POLLIN, 0};
+        EXPECT_EQ(poll(&p, 1, 0), 0) << "readable with nothing to read";
+        ch.signal();
+      },
+      [](Channel &ch, int fd) {
+        std::vector<char> a(kWin, 0), b(kWin, 0), c(kWin, 0);
+        ASSERT_EQ(pcientb_sdp_expose(fd, a.data(), a.size()), 0) << strerror(errno);
+        send_all(fd, "1", 1);
+        ASSERT_EQ(pcientb_sdp_expose(fd, b.data(), b.size()), 0) << strerror(errno);
+        send_all(fd, "2", 1);
+        char d;
+        recv_exact(fd, &d, 1);
+        EXPECT_EQ(d, 'D');
+        EXPECT_EQ(mismatch(120, 0, a.data(), kPiece), "") << "the first write missed window 1";
+        EXPECT_EQ(mismatch(121, 0, b.data(), kPiece), "") << "the second write missed window 2";
+        // A third window, with nothing after it: the writer's poll must not wake for it.
+        ASSERT_EQ(pcientb_sdp_expose(fd, c.data(), c.size()), 0) << strerror(errno);
+        std::this_thread::sleep_for(100ms);
+        ch.signal();
+        ch.wait();
+      });
+}
+
 // Before the peer exposed a window, a non-blocking write says EAGAIN; on a plain TCP socket
 // (the layer keeps it: rules) both calls fail with ENOPROTOOPT.
 TEST(Extended, NoWindowYetIsEagainAndTcpIsEnoprotoopt) {
@@ -2246,6 +2288,43 @@ TEST(Extended, NoWindowYetIsEagainAndTcpIsEnoprotoopt) {
         ch.signal();
       },
       [](Channel &ch, int) { ch.wait(); });
+}
+
+// ---- stdio ------------------------------------------------------------------------------------
+
+// A program wraps its connection in a FILE (fdopen): stdio reads and writes through glibc's
+// internal calls, which the layer does not see, so the connection goes back to TCP: a line
+// that was already in the ring when fdopen was called, one sent after, and the answer all
+// arrive, in order.
+TEST(Stdio, FdopenReadsAndWritesTheConnection) {
+  connected(
+      [](Channel &ch, int fd) {
+        ch.wait();  // the first line is in this side's ring
+        std::this_thread::sleep_for(50ms);
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+        FILE *f = fdopen(dup(fd), "r+");
+        ASSERT_NE(f, nullptr) << strerror(errno);
+        ch.signal();  // now the second line
+        char line[64];
+        ASSERT_NE(fgets(line, sizeof line, f), nullptr) << strerror(errno);
+        EXPECT_STREQ(line, "first line\n");
+        ASSERT_NE(fgets(line, sizeof line, f), nullptr) << strerror(errno);
+        EXPECT_STREQ(line, "second line\n");
+        EXPECT_GE(fputs("answer\n", f), 0);
+        EXPECT_EQ(fflush(f), 0);
+        ch.wait();
+        fclose(f);
+      },
+      [](Channel &ch, int fd) {
+        send_all(fd, "first line\n", 11);
+        ch.signal();
+        ch.wait();
+        send_all(fd, "second line\n", 12);
+        char got[7];
+        recv_exact(fd, got, sizeof got);
+        EXPECT_EQ(std::string(got, sizeof got), "answer\n");
+        ch.signal();
+      });
 }
 
 // ---- signals ---------------------------------------------------------------------------------
@@ -2281,10 +2360,9 @@ void signal_during_recv(bool restart) {
   });
 }
 
-// Known gap (NOTES.md): the layer sleeps in poll(), which no signal restarts, and it cannot
-// tell which signal interrupted it; it restarts only when every caught signal has
-// SA_RESTART. Run it by hand with --gtest_also_run_disabled_tests.
-TEST(Signals, DISABLED_RecvRestartedWithSaRestart) {
+// The layer sleeps in poll(), which no signal restarts: it knows which handlers ran on the
+// waiting thread (signals.cpp) and restarts when they have SA_RESTART, as the kernel would.
+TEST(Signals, RecvRestartedWithSaRestart) {
   signal_during_recv(true);
 }
 TEST(Signals, RecvEintrWithoutSaRestart) {
@@ -2403,9 +2481,10 @@ TEST(Options, ZcopyThreshRoundtrip) {
         socklen_t len = sizeof v;
         ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &v, &len), 0) << strerror(errno);
         EXPECT_EQ(len, socklen_t(sizeof v));
-        EXPECT_GE(v, 0);
         if (const char *e = getenv("PCIENTB_SDP_ZCOPY_THRESH")) {
-          EXPECT_EQ(v, atoi(e));
+          EXPECT_EQ(v, strcmp(e, "auto") ? atoi(e) : SDP_ZCOPY_AUTO);
+        } else {
+          EXPECT_GE(v, 0);
         }
         ::testing::Test::RecordProperty("default_zcopy_thresh", std::to_string(v));
         for (int want : {4096, 0, 123457}) {
@@ -2414,7 +2493,7 @@ TEST(Options, ZcopyThreshRoundtrip) {
           ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &v, &len), 0);
           EXPECT_EQ(v, want);
         }
-        int bad = -1;
+        int bad = SDP_ZCOPY_AUTO - 1;
         errno = 0;
         EXPECT_EQ(setsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &bad, sizeof bad), -1);
         EXPECT_EQ(errno, EINVAL);
@@ -2447,6 +2526,56 @@ TEST(Options, ZcopyThreshRoundtrip) {
         ch.signal();
         EXPECT_EQ(stats_of(fd).zcopy_rx, kLen);
         expect_eof(fd);
+      });
+}
+
+// SDP_ZCOPY_AUTO: the threshold reads back as auto; a stream of 256 KiB sends goes by both
+// paths (each is measured before one is chosen), sends below 16 KiB go BCopy, and the
+// receiver gets every byte in order.
+TEST(Options, ZcopyAutoTriesBothPathsAndLosesNothing) {
+  static constexpr size_t kBlock = 256 << 10, kSmall = 1000;
+  connected(
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, SDP_ZCOPY_AUTO);
+        int v = 0;
+        socklen_t len = sizeof v;
+        ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &v, &len), 0) << strerror(errno);
+        EXPECT_EQ(v, SDP_ZCOPY_AUTO);
+        std::vector<char> buf(kBlock);
+        uint64_t sent = 0;
+        pcientb_sdp_stats st{};
+        const auto give_up = std::chrono::steady_clock::now() + 20s;
+        do {
+          pattern(64, sent, buf.data(), kBlock);
+          send_all(fd, buf.data(), kBlock);
+          sent += kBlock;
+          st = stats_of(fd);
+        } while ((st.zcopy_tx == 0 || st.bcopy_tx == 0) &&
+                 std::chrono::steady_clock::now() < give_up);
+        EXPECT_GT(st.bcopy_tx, 0u) << "auto never tried BCopy";
+        EXPECT_GT(st.zcopy_tx, 0u) << "auto never tried ZCopy (" << sent << " bytes sent)";
+        for (int i = 0; i < 100; ++i) {
+          pattern(64, sent, buf.data(), kSmall);
+          send_all(fd, buf.data(), kSmall);
+          sent += kSmall;
+        }
+        EXPECT_EQ(stats_of(fd).zcopy_tx, st.zcopy_tx) << "a send below 16 KiB went ZCopy";
+        ch.send(sent);
+        ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+        ch.wait();
+      },
+      [](Channel &ch, int fd) {
+        std::vector<char> buf(1 << 20);
+        uint64_t got = 0;
+        for (;;) {
+          ssize_t k = recv(fd, buf.data(), buf.size(), 0);
+          ASSERT_GE(k, 0) << strerror(errno);
+          if (k == 0) break;
+          ASSERT_EQ(mismatch(64, got, buf.data(), size_t(k)), "") << "at " << got;
+          got += uint64_t(k);
+        }
+        EXPECT_EQ(got, ch.recv<uint64_t>());
+        ch.signal();
       });
 }
 

@@ -13,11 +13,14 @@
 
 /* setsockopt(fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &int, sizeof(int)): blocking sends of at
  * least this many bytes go zero-copy (the peer RDMA-reads the sender's buffer); 0 disables
- * zero copy on this socket. The default comes from PCIENTB_SDP_ZCOPY_THRESH or the config
- * file (1048576: on the emulated fabric
- * registering a buffer costs a copy of it, so BCopy is as fast below that; see NOTES.md). Number
- * and level as OFED's SDP. getsockopt returns the current value. */
+ * zero copy on this socket; SDP_ZCOPY_AUTO lets the layer choose per send from what each
+ * path has cost in this process for that size and that many connections sending (sends
+ * below 16 KiB always copy). The default comes from PCIENTB_SDP_ZCOPY_THRESH (a number or
+ * "auto"); without it 1048576: on the emulated fabric registering a buffer costs a copy of
+ * it, so BCopy is as fast below that (see NOTES.md). Number and level as OFED's SDP.
+ * getsockopt returns the current value. */
 #define SDP_ZCOPY_THRESH 80
+#define SDP_ZCOPY_AUTO (-1)
 
 /* getsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_STATS, &struct pcientb_sdp_stats, &len). */
 #define PCIENTB_SDP_STATS 81
@@ -50,7 +53,9 @@ struct pcientb_sdp_stats {
  *
  *   setsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_EXPOSE, &struct pcientb_sdp_window, sizeof)
  *     exposes [addr, addr + len) to the peer's writes (one window per socket; a new one
- *     replaces it, len 0 withdraws it). The memory must stay valid while exposed.
+ *     replaces it, len 0 withdraws it). The memory must stay valid while exposed. A window
+ *     takes effect where it is in the stream: when the peer's program reads past it (the
+ *     first window as soon as the peer has read everything sent before it).
  *   setsockopt(fd, IPPROTO_TCP, PCIENTB_SDP_WRITE, &struct pcientb_sdp_window, sizeof)
  *     with offset: writes len bytes from addr into the peer's window at offset, and returns
  *     once they are in place. It waits for the peer's window if none came yet (EAGAIN on a
