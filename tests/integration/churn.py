@@ -40,6 +40,18 @@ def sample(pid):
     return {"fds": sum(kinds.values()), "maps": maps, "rss_kib": rss, "fd_kinds": kinds}
 
 
+# What may grow for good after the first tenth (sdp.py case_churn checks the same): the layer's
+# pool of 16 closed connections' buffer sets (3 memfds each) and CQ groups (a pipe each: 2
+# descriptors).
+POOL_KINDS = {"/memfd:pcientb-mr-N (deleted)": 16 * 3, "pipe:[N]": 8}
+
+
+def settled(warm, now):
+    """Whether `now` holds nothing beyond `warm` but what POOL_KINDS allows."""
+    return all(n <= warm["fd_kinds"].get(k, 0) + POOL_KINDS.get(k, 0)
+               for k, n in now["fd_kinds"].items())
+
+
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -81,11 +93,12 @@ def main():
             time.sleep(0.2)  # the server's side of the last connection closes too
             samples["warm"] = {"client": sample(os.getpid()), "server": sample(server)}
     seconds = time.monotonic() - start
-    # The server closes its end of the last connections as it sees them closed, late on a
-    # loaded machine: wait (20 s at most) until what it holds is within what the caller allows
-    # to grow (the layer's pool of 16 buffer sets, 3 descriptors each, and CQ groups).
+    # The last connections end late on a loaded machine (the server closes its end as it sees
+    # the client's close; a side whose data the peer has not read yet lingers): wait (20 s at
+    # most) until neither process holds more than the caller allows to grow (POOL_KINDS).
     deadline = time.monotonic() + 20
-    while (sample(server)["fds"] > samples["warm"]["server"]["fds"] + 16 * 3 + 8
+    while (not (settled(samples["warm"]["client"], sample(os.getpid()))
+                and settled(samples["warm"]["server"], sample(server)))
            and time.monotonic() < deadline):
         time.sleep(0.05)
     samples["end"] = {"client": sample(os.getpid()), "server": sample(server)}

@@ -925,13 +925,13 @@ def case_churn(cycles=10000, idle=32):
         # CQ groups (8 connections each, link.cpp) live as long as the process: one more
         # for each 8 connections open at once beyond the peak before `warm` (more when the
         # machine is loaded and closes lag), each with a completion channel (a pipe).
-        groups = 4
+        groups = 8  # pipes: churn.py POOL_KINDS, which it waits for
         grew = {k: v - warm["fd_kinds"].get(k, 0) for k, v in end["fd_kinds"].items()
                 if v > warm["fd_kinds"].get(k, 0)}
-        if (grew.get(pool, 0) > 16 * 3 or grew.get("pipe:[N]", 0) > 2 * groups
+        if (grew.get(pool, 0) > 16 * 3 or grew.get("pipe:[N]", 0) > groups
                 or any(k not in (pool, "pipe:[N]") for k in grew)):
             problems.append(f"{side}: descriptors {warm['fds']} -> {end['fds']} ({grew})")
-        if end["maps"] > warm["maps"] + 16 * 3 + 4 + 2 * groups:
+        if end["maps"] > warm["maps"] + 16 * 3 + 4 + groups:
             problems.append(f"{side}: mappings {warm['maps']} -> {end['maps']}")
         # ASan keeps freed memory in its quarantine (resident); leaks are LSan's, at exit.
         if end["rss_kib"] > warm["rss_kib"] + 40 * 1024 and not os.environ.get(
