@@ -5,8 +5,9 @@
 // processes of the same fabric on this host can see (abstract AF_UNIX names, which vanish
 // with their process):
 //   - a listener the rules give to SDP holds  pcientb-sdp/<fabric>/L/<port>;
-//   - a client that finds that name binds its socket and, before connecting, holds
-//     pcientb-sdp/<fabric>/C/<its port>.
+//   - a client that finds that name holds, before connecting, pcientb-sdp/<fabric>/C/<the
+//     inode of its socket>; the server finds that inode for each accepted connection in the
+//     kernel's socket table (sock_diag), by the connection's addresses and ports.
 // A client without the name of its server's port stays on TCP without a word; a server that
 // accepts a connection without the client's name does too. Otherwise the client sends Hello
 // (its QP, ring and ack slot) right after connect; the server answers Accept (the same, its
@@ -15,6 +16,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,18 +55,20 @@ uint16_t port_of(const sockaddr *sa) {
                                         : reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_port);
 }
 
-socklen_t mark_name(sockaddr_un &un, char kind, uint16_t port) {
+// A name of the fabric: kind 'L' (a listener) and its port, or 'C' (a client) and the inode
+// of its socket.
+socklen_t mark_name(sockaddr_un &un, char kind, uint64_t key) {
   un = sockaddr_un{};
   un.sun_family = AF_UNIX;
-  int n = snprintf(un.sun_path + 1, sizeof un.sun_path - 1, "pcientb-sdp/%s/%c/%u",
-                   config().fabric.c_str(), kind, port);
+  int n = snprintf(un.sun_path + 1, sizeof un.sun_path - 1, "pcientb-sdp/%s/%c/%llu",
+                   config().fabric.c_str(), kind, (unsigned long long)key);
   return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
 // Holds the name; -1 if someone else holds it already (or on error).
-int hold_name(char kind, uint16_t port) {
+int hold_name(char kind, uint64_t key) {
   sockaddr_un un;
-  socklen_t len = mark_name(un, kind, port);
+  socklen_t len = mark_name(un, kind, key);
   int fd = real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   if (real().bind(fd, reinterpret_cast<sockaddr *>(&un), len) != 0) {
@@ -72,14 +78,89 @@ int hold_name(char kind, uint16_t port) {
   return fd;
 }
 
-bool name_held(char kind, uint16_t port) {
+bool name_held(char kind, uint64_t key) {
   sockaddr_un un;
-  socklen_t len = mark_name(un, kind, port);
+  socklen_t len = mark_name(un, kind, key);
   int fd = real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   bool held = real().connect(fd, reinterpret_cast<sockaddr *>(&un), len) == 0;
   real().close(fd);
   return held;
+}
+
+uint64_t socket_inode(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? uint64_t(st.st_ino) : 0;
+}
+
+// Fills a sock_diag lookup for the socket whose own end is `from` and whose peer is `to`, in
+// `family` (an IPv4 end may be seen as v4-mapped IPv6 by the other side, and the other way).
+bool diag_id(inet_diag_req_v2 &r, int family, const sockaddr_storage &from,
+             const sockaddr_storage &to) {
+  r.sdiag_family = uint8_t(family);
+  r.id.idiag_sport = htons(port_of(reinterpret_cast<const sockaddr *>(&from)));
+  r.id.idiag_dport = htons(port_of(reinterpret_cast<const sockaddr *>(&to)));
+  const sockaddr_storage *ends[2] = {&from, &to};
+  uint32_t *addrs[2] = {r.id.idiag_src, r.id.idiag_dst};
+  for (int i = 0; i < 2; ++i) {
+    in6_addr a6{};
+    if (ends[i]->ss_family == AF_INET) {
+      const in_addr a4 = reinterpret_cast<const sockaddr_in *>(ends[i])->sin_addr;
+      if (family == AF_INET) {
+        memcpy(addrs[i], &a4, 4);
+        continue;
+      }
+      a6.s6_addr[10] = a6.s6_addr[11] = 0xff;  // ::ffff:a.b.c.d
+      memcpy(a6.s6_addr + 12, &a4, 4);
+    } else {
+      a6 = reinterpret_cast<const sockaddr_in6 *>(ends[i])->sin6_addr;
+      if (family == AF_INET) {
+        if (!IN6_IS_ADDR_V4MAPPED(&a6)) return false;
+        memcpy(addrs[i], a6.s6_addr + 12, 4);
+        continue;
+      }
+    }
+    memcpy(addrs[i], &a6, 16);
+  }
+  return true;
+}
+
+// The inode of the socket at the other end of TCP connection `fd` when it is on this host
+// (the client's, for an accepted connection), from the kernel's socket table; 0 if none.
+uint64_t peer_socket_inode(int fd) {
+  sockaddr_storage me{}, peer{};
+  socklen_t ml = sizeof me, pl = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&me), &ml) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &pl) != 0)
+    return 0;
+  const int nl = real().socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (nl < 0) return 0;
+  uint64_t ino = 0;
+  // The peer's socket is most likely of the family its address shows; else the other one.
+  const bool v4 = peer.ss_family == AF_INET ||
+                  IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<sockaddr_in6 *>(&peer)->sin6_addr);
+  for (int family : {v4 ? AF_INET : AF_INET6, v4 ? AF_INET6 : AF_INET}) {
+    struct {
+      nlmsghdr h;
+      inet_diag_req_v2 r;
+    } req{};
+    req.h.nlmsg_len = sizeof req;
+    req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.h.nlmsg_flags = NLM_F_REQUEST;  // one socket, looked up by its addresses
+    req.r.sdiag_protocol = IPPROTO_TCP;
+    req.r.idiag_states = ~0u;
+    req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    if (!diag_id(req.r, family, peer, me)) continue;
+    if (real().sendto(nl, &req, sizeof req, 0, nullptr, 0) != ssize_t(sizeof req)) break;
+    alignas(nlmsghdr) char buf[1024];
+    ssize_t n = real().recvfrom(nl, buf, sizeof buf, 0, nullptr, nullptr);
+    const auto *h = reinterpret_cast<const nlmsghdr *>(buf);
+    if (n >= ssize_t(NLMSG_LENGTH(sizeof(inet_diag_msg))) && h->nlmsg_type == SOCK_DIAG_BY_FAMILY)
+      ino = static_cast<const inet_diag_msg *>(NLMSG_DATA(h))->idiag_inode;
+    if (ino) break;
+  }
+  real().close(nl);
+  return ino;
 }
 
 // Whether the address is this host's (loopback, any, or an interface address): on the
@@ -259,23 +340,9 @@ void handshake_before_connect(Sock &s, const sockaddr *addr, socklen_t len) {
   } else if (!name_held('L', port_of(addr))) {
     s.reason = "peer_no_sdp";  // no listener with the layer on this fabric and port
   } else {
-    sockaddr_storage me{};
-    socklen_t mlen = sizeof me;
-    getsockname(s.fd, reinterpret_cast<sockaddr *>(&me), &mlen);
-    if (port_of(reinterpret_cast<sockaddr *>(&me)) == 0) {
-      // The marker names this socket's port, so the port must be known before the SYN.
-      sockaddr_storage any{};
-      any.ss_family = sa_family_t(s.domain);
-      if (real().bind(s.fd, reinterpret_cast<sockaddr *>(&any),
-                      s.domain == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)) != 0) {
-        s.reason = "bind_failed";
-        return;
-      }
-      mlen = sizeof me;
-      getsockname(s.fd, reinterpret_cast<sockaddr *>(&me), &mlen);
-    }
-    s.mark_port = port_of(reinterpret_cast<sockaddr *>(&me));
-    s.mark_fd = hold_name('C', s.mark_port);
+    // The marker names this socket's inode: the server finds it by the connection's ends.
+    if (!s.ino) s.ino = socket_inode(s.fd);
+    s.mark_fd = hold_name('C', s.ino);
     s.reason = s.mark_fd >= 0 ? "" : "marker_taken";
   }
 }
@@ -285,24 +352,13 @@ void handshake_after_connect(Sock &s) {
     stay_tcp(s, *s.reason ? s.reason : "peer_no_sdp");
     return;
   }
-  // The marker must name the port the connection came from: after a failed connect Linux
-  // reports the old port although the next connect takes a new one.
-  sockaddr_storage me{};
-  socklen_t mlen = sizeof me;
-  if (getsockname(s.fd, reinterpret_cast<sockaddr *>(&me), &mlen) != 0 ||
-      port_of(reinterpret_cast<sockaddr *>(&me)) != s.mark_port) {
-    stay_tcp(s, "port_changed");
-    return;
-  }
   s.state = State::kClientPending;  // Hello at the first use; the marker tells the server
 }
 
 void handshake_accepted(Sock &s) {
   s.role = Role::kServer;
-  sockaddr_storage peer{};
-  socklen_t plen = sizeof peer;
-  if (getpeername(s.fd, reinterpret_cast<sockaddr *>(&peer), &plen) != 0 ||
-      !name_held('C', port_of(reinterpret_cast<sockaddr *>(&peer)))) {
+  const uint64_t client = peer_socket_inode(s.fd);
+  if (!client || !name_held('C', client)) {
     stay_tcp(s, "peer_no_sdp");
     return;
   }
@@ -450,27 +506,20 @@ bool nonblocking_fd(int fd) {
   return fl >= 0 && (fl & O_NONBLOCK);
 }
 
-// The port of a client marker of this fabric that fd holds; 0 if it holds none.
-uint16_t marker_port(int fd) {
+// The socket inode a client marker of this fabric that fd holds names; 0 if it holds none.
+uint64_t marker_inode(int fd) {
   sockaddr_un un{};
   socklen_t len = sizeof un;
   if (getsockname(fd, reinterpret_cast<sockaddr *>(&un), &len) != 0 || un.sun_family != AF_UNIX ||
       len <= offsetof(sockaddr_un, sun_path) + 1 || un.sun_path[0] != '\0')
     return 0;
   sockaddr_un want;
-  socklen_t wlen = mark_name(want, 'C', 0);  // ".../C/0": compare the part before the port
+  socklen_t wlen = mark_name(want, 'C', 0);  // ".../C/0": compare the part before the inode
   const size_t prefix = wlen - offsetof(sockaddr_un, sun_path) - 1;
   const size_t have = len - offsetof(sockaddr_un, sun_path);
   if (have <= prefix || memcmp(un.sun_path, want.sun_path, prefix) != 0) return 0;
   std::string digits(un.sun_path + prefix, have - prefix);
-  return uint16_t(atoi(digits.c_str()));
-}
-
-uint16_t local_port(int fd) {
-  sockaddr_storage me{};
-  socklen_t len = sizeof me;
-  if (getsockname(fd, reinterpret_cast<sockaddr *>(&me), &len) != 0) return 0;
-  return port_of(reinterpret_cast<sockaddr *>(&me));
+  return strtoull(digits.c_str(), nullptr, 10);
 }
 
 }  // namespace
@@ -506,9 +555,9 @@ bool handshake_before_exec(Sock &s) {
 }
 
 void handshake_adopt(const std::vector<int> &fds) {
-  std::vector<std::pair<int, uint16_t>> markers;
+  std::vector<std::pair<int, uint64_t>> markers;
   for (int fd : fds)
-    if (uint16_t port = marker_port(fd)) markers.emplace_back(fd, port);
+    if (uint64_t ino = marker_inode(fd)) markers.emplace_back(fd, ino);
   // Descriptors of one socket (dup2 onto stdin and stdout) are one socket of the layer.
   std::vector<std::pair<ino_t, std::shared_ptr<Sock>>> seen;
   for (int fd : fds) {
@@ -531,9 +580,8 @@ void handshake_adopt(const std::vector<int> &fds) {
       }
       continue;
     }
-    const uint16_t port = local_port(fd);
-    auto mk =
-        std::find_if(markers.begin(), markers.end(), [&](auto &p) { return p.second == port; });
+    auto mk = std::find_if(markers.begin(), markers.end(),
+                           [&](auto &p) { return p.second == uint64_t(st.st_ino); });
     if (mk != markers.end()) {
       // A client connection whose previous image abandoned the handshake: TCP, with the
       // marker held until it closes (the server may not have looked yet).
@@ -554,7 +602,8 @@ void handshake_adopt(const std::vector<int> &fds) {
     std::shared_ptr<Sock> s = track_fd(fd, domain, nonblocking_fd(fd));
     if (!s) continue;
     seen.back().second = s;
-    if (name_held('C', port_of(reinterpret_cast<sockaddr *>(&peer)))) {
+    const uint64_t client = peer_socket_inode(fd);
+    if (client && name_held('C', client)) {
       // Accepted by the previous image, and its client (with the layer) waits to negotiate.
       s->role = Role::kServer;
       s->state = State::kServerPending;

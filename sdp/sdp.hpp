@@ -287,10 +287,8 @@ struct Sock : std::enable_shared_from_this<Sock> {
   bool nonblocking = false;
   int zcopy_thresh = kThreshUnset;  // SDP_ZCOPY_THRESH set on this socket
   uint64_t auto_epoch = 0;          // the last `auto` epoch a send of this socket counted in
-  int mark_fd = -1;
-  uint16_t mark_port = 0;   // the client port its marker names         // listener mark or client
-                            // marker (abstract AF_UNIX name)
-  bool connecting = false;  // a non-blocking connect is in progress (client)
+  int mark_fd = -1;                 // listener mark or client marker (abstract AF_UNIX name), held
+  bool connecting = false;          // a non-blocking connect is in progress (client)
   Link link;
 
   // Transmit side: what this side has put into the peer's ring.

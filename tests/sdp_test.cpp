@@ -2290,6 +2290,57 @@ TEST(Extended, NoWindowYetIsEagainAndTcpIsEnoprotoopt) {
       [](Channel &ch, int) { ch.wait(); });
 }
 
+// ---- addressing -------------------------------------------------------------------------------
+
+// A dual-stack server (AF_INET6 on ::) finds the layer's clients whatever their socket and
+// address family: an IPv4 client (it sees ::ffff:127.0.0.1), an IPv6 client of ::1, and an
+// IPv6 client of ::ffff:127.0.0.1. The server looks up each client's socket by the
+// connection's ends (sock_diag); every connection must end up on SDP.
+TEST(Addressing, Ipv4Ipv6AndMappedClientsOfADualStackServer) {
+  two_process(
+      [&](Channel &ch) {
+        const uint16_t port = ch.recv<uint16_t>();
+        for (int kind = 0; kind < 3; ++kind) {
+          int fd;
+          if (kind == 0) {
+            fd = dial(port);
+          } else {
+            fd = socket(AF_INET6, SOCK_STREAM, 0);
+            check_sys(fd >= 0, "socket");
+            sockaddr_in6 a{};
+            a.sin6_family = AF_INET6;
+            a.sin6_port = htons(port);
+            inet_pton(AF_INET6, kind == 1 ? "::1" : "::ffff:127.0.0.1", &a.sin6_addr);
+            check_sys(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0, "connect");
+          }
+          settle_client(fd);
+          close(fd);
+        }
+      },
+      [&](Channel &ch) {
+        int l = socket(AF_INET6, SOCK_STREAM, 0);
+        check_sys(l >= 0, "socket");
+        int zero = 0;
+        setsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        sockaddr_in6 a{};
+        a.sin6_family = AF_INET6;
+        a.sin6_addr = in6addr_any;
+        check_sys(bind(l, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0, "bind");
+        check_sys(listen(l, 4) == 0, "listen");
+        socklen_t len = sizeof a;
+        check_sys(getsockname(l, reinterpret_cast<sockaddr *>(&a), &len) == 0, "getsockname");
+        ch.send(uint16_t(ntohs(a.sin6_port)));
+        for (int kind = 0; kind < 3; ++kind) {
+          if (!wait_for(l, POLLIN, kIoTimeoutMs)) fail("accept: no connection within 5 s");
+          int fd = accept(l, nullptr, nullptr);
+          check_sys(fd >= 0, "accept");
+          settle_server(fd);
+          close(fd);
+        }
+        close(l);
+      });
+}
+
 // ---- stdio ------------------------------------------------------------------------------------
 
 // A program wraps its connection in a FILE (fdopen): stdio reads and writes through glibc's
