@@ -165,7 +165,7 @@ struct RdmaPair::Endpoint {
   Hello hello() const;
   bool connect(const Hello &peer);
   bool post_recv(uint32_t n);
-  bool post(Op op, size_t size, bool signaled, bool inl, uint64_t wr_id);
+  bool post(Op op, size_t size, bool signaled, bool inl, uint64_t wr_id, size_t dst_offset = 0);
   int poll(ibv_cq *cq, ibv_wc *wc, int n);
   bool wait_one(ibv_cq *cq, ibv_wc *wc, const char *what);
   bool stream(Op op, size_t size, uint64_t count);
@@ -340,11 +340,12 @@ bool RdmaPair::Endpoint::post_recv(uint32_t n) {
   return true;
 }
 
-bool RdmaPair::Endpoint::post(Op op, size_t size, bool signaled, bool inl, uint64_t wr_id) {
+bool RdmaPair::Endpoint::post(Op op, size_t size, bool signaled, bool inl, uint64_t wr_id,
+                              size_t dst_offset) {
   static const ibv_wr_opcode opcodes[] = {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_SEND};
   // WRITE and SEND go from our send region to the peer's receive region; READ fetches the
   // peer's send region into our receive region.
-  uint8_t *local = op == Op::read ? recv_region() : send_region();
+  uint8_t *local = op == Op::read ? recv_region() + dst_offset : send_region();
   ibv_sge sge{reinterpret_cast<uintptr_t>(local), static_cast<uint32_t>(size), mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
@@ -352,7 +353,7 @@ bool RdmaPair::Endpoint::post(Op op, size_t size, bool signaled, bool inl, uint6
   wr.num_sge = 1;
   wr.opcode = opcodes[static_cast<uint32_t>(op)];
   wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (inl ? IBV_SEND_INLINE : 0);
-  wr.wr.rdma.remote_addr = remote_addr + (op == Op::read ? opt.max_size : 0);
+  wr.wr.rdma.remote_addr = remote_addr + (op == Op::read ? opt.max_size : dst_offset);
   wr.wr.rdma.rkey = remote_rkey;
   ibv_send_wr *bad = nullptr;
   if (int rc = ibv_post_send(qp, &wr, &bad))
@@ -404,7 +405,9 @@ bool RdmaPair::Endpoint::stream(Op op, size_t size, uint64_t count) {
     while (posted < count && posted - done < opt.tx_depth) {
       posted++;
       const bool signaled = posted % opt.signal_every == 0 || posted == count;
-      if (!post(op, size, signaled, false, signaled ? posted - last_signaled : 0)) return false;
+      if (!post(op, size, signaled, false, signaled ? posted - last_signaled : 0,
+                op == Op::send ? 0 : opt.dst_offset))
+        return false;
       if (signaled) last_signaled = posted;
     }
     const int n = poll(scq, wc, 16);
@@ -497,8 +500,9 @@ class Peer {
         answer(true);
         answer(op == Op::write ? write_echo(size, c.count) : send_echo(size, c.count));
         break;
-      case kChecksum:
-        answer(true, checksum(ep_.recv_region(), size));
+      case kChecksum:  // where the last bandwidth() of `op` landed
+        answer(true,
+               checksum(ep_.recv_region() + (op == Op::write ? ep_.opt.dst_offset : 0), size));
         break;
       case kFill:
         fill_pattern(ep_.send_region(), size, c.arg);
@@ -728,10 +732,11 @@ bool RdmaPair::verify() {
 
     if (!request(kFill, Op::read, size, 0, ++seed, nullptr) || bandwidth(Op::read, size, 1) < 0)
       return false;
+    const uint8_t *got = ep_->recv_region() + opt_.dst_offset;
     for (size_t i = 0; i < size; i++)
-      if (ep_->recv_region()[i] != pattern_byte(i, seed))
+      if (got[i] != pattern_byte(i, seed))
         return fail(format("RDMA READ of %zu B completed but byte %zu is 0x%02x, expected 0x%02x",
-                           size, i, ep_->recv_region()[i], pattern_byte(i, seed)));
+                           size, i, got[i], pattern_byte(i, seed)));
 
     fill_pattern(ep_->send_region(), size, ++seed);
     const uint64_t want_send = checksum(ep_->send_region(), size);

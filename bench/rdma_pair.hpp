@@ -26,6 +26,9 @@ struct PairOptions {
   uint32_t signal_every = 64;         // one signaled WR per this many (perftest --cq-mod)
   uint32_t rx_depth = 512;            // receives kept posted on each side (perftest -r)
   double timeout_s = 10;              // a wait without progress this long is an error
+  // bandwidth() WRITEs and READs land this many bytes past the page-aligned start of their
+  // destination region (16: where glibc's malloc puts a large block), sources stay aligned.
+  size_t dst_offset = 0;
 };
 
 // Unless the caller already chose one, sets PCIENTB_FABRIC to a name unique to this run, so

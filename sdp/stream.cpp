@@ -28,9 +28,12 @@
 #include <thread>
 #include <vector>
 
+#include "bulk_copy.hpp"
 #include "sdp.hpp"
 
 namespace sdp {
+
+using pcientb::bulk_copy;
 
 uint64_t now_ns() {
   timespec ts;
@@ -521,7 +524,7 @@ struct IoCursor {
     size_t done_ = 0;
     while (done_ < n && !done()) {
       size_t k = std::min(n - done_, seg_left());
-      memcpy(dst + done_, ptr(), k);
+      bulk_copy(dst + done_, ptr(), k);
       done_ += k;
       advance(k);
     }
@@ -531,7 +534,7 @@ struct IoCursor {
     size_t done_ = 0;
     while (done_ < n && !done()) {
       size_t k = std::min(n - done_, seg_left());
-      memcpy(ptr(), src + done_, k);
+      bulk_copy(ptr(), src + done_, k);
       done_ += k;
       advance(k);
     }
@@ -659,7 +662,7 @@ bool put_record(Sock &s, uint8_t type, uint64_t arg, const void *payload, size_t
   s.pend_rec = ~0ull;
   Rec *rec = reinterpret_cast<Rec *>(l.mirror + off);
   *rec = Rec{uint32_t(len), type, 0, 0, arg};
-  if (len) memcpy(l.mirror + off + kRound, payload, len);
+  if (len) bulk_copy(l.mirror + off + kRound, payload, len);
   s.tx_pos += rec_bytes;
   return flush(s, fin);
 }

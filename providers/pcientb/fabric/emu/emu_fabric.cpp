@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "bulk_copy.hpp"
 #include "fabric/emu/kernel_vm.hpp"
 #include "fabric/emu/move_guard.hpp"
 #include "fabric/fabric.hpp"
@@ -198,7 +199,7 @@ void ordered_copy(void *dst, const void *src, size_t n) {
     return;
   }
   const size_t head = n - kLastBytes;
-  memcpy(d, s, head);
+  bulk_copy(d, s, head);
   std::atomic_thread_fence(std::memory_order_release);  // x86 keeps stores in order
   // One 8-byte store (x86 takes it unaligned): each of the last bytes written once.
   using Unaligned64 = uint64_t __attribute__((aligned(1), may_alias));
@@ -957,10 +958,10 @@ MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t 
   auto *mine = static_cast<uint8_t *>(local);
   if (p.self) {
     const bool overlap = remote < mine + len && mine < remote + len;
-    if (!to_peer)
-      memmove(mine, remote, len);
-    else if (overlap)
-      memmove(remote, mine, len);
+    if (overlap)
+      to_peer ? memmove(remote, mine, len) : memmove(mine, remote, len);
+    else if (!to_peer)
+      bulk_copy(mine, remote, len);
     else
       ordered_copy(remote, mine, len);
     return MoveStatus::ok;
@@ -1015,7 +1016,7 @@ MoveStatus EmuFabric::read(Peer &pp, WindowId w, uint64_t raddr, void *dst, size
   auto *d = static_cast<uint8_t *>(dst);
   return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
     if (!at) return copy_move(p, raddr, d, len, false);
-    memcpy(d + off, at, n);
+    bulk_copy(d + off, at, n);
     return MoveStatus::ok;
   });
 }
