@@ -401,6 +401,12 @@ ssize_t do_recv(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
   return r == kServedByKernel ? kernel_serves(*s, handled) : r;
 }
 
+// For a libc entry point this libc lacks.
+int enosys() {
+  errno = ENOSYS;
+  return -1;
+}
+
 void fill_peer(int fd, sockaddr *addr, socklen_t *len) {
   if (addr && len) getpeername(fd, addr, len);
 }
@@ -484,6 +490,30 @@ SDP_EXPORT int close(int fd) {
       if (!release(s)) real().close(s->fd);
   }
   return real().close(fd);
+}
+
+// close_range and closefrom close descriptors in the kernel without close(): the layer's
+// own in the range (its sockets, its epoll sets) are closed through close() first.
+SDP_EXPORT int close_range(unsigned int first, unsigned int last, int flags) {
+  static auto real_close_range =
+      reinterpret_cast<int (*)(unsigned int, unsigned int, int)>(dlsym(RTLD_NEXT, "close_range"));
+  if (!(flags & CLOSE_RANGE_CLOEXEC) && first <= last) {
+    std::vector<int> ours;
+    for (unsigned int fd = first; fd <= last && fd < unsigned(kFast); ++fd)
+      if (fast[fd].load(std::memory_order_acquire)) ours.push_back(int(fd));
+    if (last >= unsigned(kFast)) {
+      std::lock_guard<std::mutex> lk(tab_mu);
+      for (const auto &[fd, s] : *tab)
+        if (unsigned(fd) >= std::max(first, unsigned(kFast)) && unsigned(fd) <= last)
+          ours.push_back(fd);
+    }
+    for (int fd : ours) close(fd);
+  }
+  return real_close_range ? real_close_range(first, last, flags) : enosys();
+}
+
+SDP_EXPORT void closefrom(int lowfd) {
+  close_range(unsigned(std::max(lowfd, 0)), ~0u, 0);
 }
 
 SDP_EXPORT int shutdown(int fd, int how) {
@@ -574,11 +604,12 @@ SDP_EXPORT ssize_t readv(int fd, const iovec *iov, int cnt) {
   RECV_OR(fd, iov, cnt, 0, real().readv(fd, iov, cnt));
 }
 
-SDP_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
-  bool handled;
-  ssize_t r = do_recv(fd, m->msg_iov, int(m->msg_iovlen), flags, &handled);
-  if (!handled) return real().recvmsg(fd, m, flags);
-  if (r >= 0) {
+namespace {
+
+// recvmsg on an SDP socket (*handled), or nothing done.
+ssize_t sdp_recvmsg(int fd, msghdr *m, int flags, bool *handled) {
+  ssize_t r = do_recv(fd, m->msg_iov, int(m->msg_iovlen), flags, handled);
+  if (*handled && r >= 0) {
     if (m->msg_name) {
       socklen_t l = m->msg_namelen;
       getpeername(fd, static_cast<sockaddr *>(m->msg_name), &l);
@@ -588,6 +619,84 @@ SDP_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
     m->msg_flags = 0;
   }
   return r;
+}
+
+}  // namespace
+
+SDP_EXPORT ssize_t recvmsg(int fd, msghdr *m, int flags) {
+  bool handled;
+  ssize_t r = sdp_recvmsg(fd, m, flags, &handled);
+  return handled ? r : real().recvmsg(fd, m, flags);
+}
+
+// recvmmsg and sendmmsg on an SDP socket are what the kernel makes of them on a stream
+// socket: one recvmsg/sendmsg per entry. A blocking recvmmsg waits for every entry
+// (MSG_WAITFORONE: for the first only), the timeout is looked at after each entry, and an
+// error after the first entry ends the call with the entries done.
+SDP_EXPORT int recvmmsg(int fd, mmsghdr *v, unsigned int n, int flags, timespec *timeout) {
+  static auto real_recvmmsg =
+      reinterpret_cast<int (*)(int, mmsghdr *, unsigned int, int, timespec *)>(
+          dlsym(RTLD_NEXT, "recvmmsg"));
+  const int64_t deadline =
+      timeout ? int64_t(now_ns()) + timeout->tv_sec * 1000000000ll + timeout->tv_nsec : -1;
+  unsigned int done = 0;
+  for (; done < n; ++done) {
+    bool handled;
+    ssize_t r = sdp_recvmsg(fd, &v[done].msg_hdr, flags & ~MSG_WAITFORONE, &handled);
+    if (!handled) {
+      if (done == 0) return real_recvmmsg ? real_recvmmsg(fd, v, n, flags, timeout) : enosys();
+      break;  // the connection went back to TCP: the next call goes to the kernel
+    }
+    if (r < 0) {
+      if (done == 0) return -1;
+      break;
+    }
+    v[done].msg_len = static_cast<unsigned int>(r);
+    if (flags & MSG_WAITFORONE) flags |= MSG_DONTWAIT;
+    if (deadline >= 0 && int64_t(now_ns()) >= deadline) {
+      ++done;
+      break;
+    }
+  }
+  return static_cast<int>(done);
+}
+
+SDP_EXPORT int sendmmsg(int fd, mmsghdr *v, unsigned int n, int flags) {
+  static auto real_sendmmsg =
+      reinterpret_cast<int (*)(int, mmsghdr *, unsigned int, int)>(dlsym(RTLD_NEXT, "sendmmsg"));
+  unsigned int done = 0;
+  for (; done < n; ++done) {
+    const msghdr &m = v[done].msg_hdr;
+    bool handled;
+    ssize_t r = do_send(fd, m.msg_iov, int(m.msg_iovlen), flags, &handled);
+    if (!handled) {
+      if (done == 0) return real_sendmmsg ? real_sendmmsg(fd, v, n, flags) : enosys();
+      break;
+    }
+    if (r < 0) {
+      if (done == 0) return -1;
+      break;
+    }
+    v[done].msg_len = static_cast<unsigned int>(r);
+  }
+  return static_cast<int>(done);
+}
+
+// splice moves bytes between the kernel's socket and a pipe, past the layer: a connection
+// a program splices goes back to TCP first (as with fdopen), then the kernel splices.
+SDP_EXPORT ssize_t splice(int in, loff_t *in_off, int out, loff_t *out_off, size_t len,
+                          unsigned int flags) {
+  static auto real_splice =
+      reinterpret_cast<ssize_t (*)(int, loff_t *, int, loff_t *, size_t, unsigned int)>(
+          dlsym(RTLD_NEXT, "splice"));
+  for (int fd : {in, out}) {
+    bool failed;
+    if (std::shared_ptr<Sock> s = sdp_of(fd, &failed)) {
+      logf("fd %d: splice: the connection goes back to TCP (splice bypasses the layer)", fd);
+      hand_back_sock(*s);
+    }
+  }
+  return real_splice ? real_splice(in, in_off, out, out_off, len, flags) : enosys();
 }
 
 SDP_EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count) {

@@ -762,3 +762,23 @@ SDP_EXPORT int epoll_wait(int epfd, epoll_event *out, int max, int timeout) {
 SDP_EXPORT int epoll_pwait(int epfd, epoll_event *out, int max, int timeout, const sigset_t *mask) {
   return mux_epoll_wait(epfd, out, max, timeout, mask);
 }
+
+// A set with SDP sockets is waited on in milliseconds (the timeout rounded up); any other set
+// goes to the kernel with its timeout as given.
+SDP_EXPORT int epoll_pwait2(int epfd, epoll_event *out, int max, const timespec *timeout,
+                            const sigset_t *mask) {
+  static auto real_pwait2 =
+      reinterpret_cast<int (*)(int, epoll_event *, int, const timespec *, const sigset_t *)>(
+          dlsym(RTLD_NEXT, "epoll_pwait2"));
+  if (!find_set(epfd, false)) {
+    if (real_pwait2) return real_pwait2(epfd, out, max, timeout, mask);
+    errno = ENOSYS;
+    return -1;
+  }
+  int ms = -1;
+  if (timeout) {
+    const int64_t ns = timeout->tv_sec * 1000000000ll + timeout->tv_nsec;
+    ms = int(std::min<int64_t>((ns + 999999) / 1000000, INT32_MAX));
+  }
+  return mux_epoll_wait(epfd, out, max, ms, mask);
+}

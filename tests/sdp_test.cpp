@@ -1287,6 +1287,28 @@ TEST(Epoll, SocketAndPipeInOneSet) {
   });
 }
 
+// epoll_pwait2 (a timespec timeout) on a set with an SDP socket: a timeout with nothing to
+// report, then the arrival.
+TEST(Epoll, Pwait2TimesOutThenReportsTheArrival) {
+  with_sending_server([](Channel &ch, int fd) {
+    int ep = epoll_create1(0);
+    ASSERT_GE(ep, 0);
+    epoll_add(ep, fd, EPOLLIN);
+    epoll_event ev[2];
+    timespec t{0, 30 * 1000 * 1000};
+    const auto t0 = Clock::now();
+    EXPECT_EQ(epoll_pwait2(ep, ev, 2, &t, nullptr), 0) << strerror(errno);
+    EXPECT_GE(ms_since(t0), 29);
+    ask(ch, 10);
+    timespec t5{5, 0};
+    ASSERT_EQ(epoll_pwait2(ep, ev, 2, &t5, nullptr), 1) << strerror(errno);
+    EXPECT_EQ(ev[0].data.fd, fd);
+    EXPECT_TRUE(ev[0].events & EPOLLIN);
+    expect_pattern(fd, 10, 0, 10);
+    close(ep);
+  });
+}
+
 TEST(Epoll, CtlDelStopsReports) {
   epoll_test(EPOLLIN, [](Channel &ch, int fd, int ep) {
     ask(ch, 10);
@@ -1460,6 +1482,43 @@ TEST(Close, ExitWithoutCloseGivesEof) {
 
 // close() returns at once in both orders: the first end to close, and the second once it
 // has read the first one's EOF (a TCP close never waits for the peer).
+// close_range over an SDP socket closes it as close() does (the peer reads everything, then
+// EOF), and a socket that gets its number next is a new connection of its own.
+TEST(Close, CloseRangeClosesLikeClose) {
+  two_process(
+      [](Channel &ch) {
+        const uint16_t port = ch.recv<uint16_t>();
+        int fd = dial(port);
+        settle_client(fd);
+        send_pattern(fd, 28, 0, 3000);
+        ASSERT_EQ(close_range(unsigned(fd), unsigned(fd), 0), 0) << strerror(errno);
+        int again = dial(port);  // most likely the same number
+        settle_client(again);
+        send_pattern(again, 29, 0, 3000);
+        expect_pattern(again, 30, 0, 3000);
+        EXPECT_EQ(stats_of(again).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+        close(again);
+        ch.wait();
+      },
+      [](Channel &ch) {
+        Listener l;
+        ch.send(l.port);
+        int a = l.accept_one();
+        settle_server(a);
+        expect_pattern(a, 28, 0, 3000);
+        expect_eof(a);
+        int b = l.accept_one();
+        settle_server(b);
+        expect_pattern(b, 29, 0, 3000);
+        send_pattern(b, 30, 0, 3000);
+        expect_eof(b);
+        close(a);
+        close(b);
+        ch.signal();
+      },
+      within(std::chrono::seconds(30)));
+}
+
 TEST(Close, ReturnsPromptlyOnBothEnds) {
   two_process(
       [](Channel &ch) {
@@ -1805,6 +1864,87 @@ TEST(Io, Sendfile) {
       [](Channel &ch, int fd) {
         expect_pattern(fd, 22, 1000, kLen - 1000);
         expect_pattern(fd, 22, 0, 5000);
+        ch.signal();
+      });
+}
+
+// sendmmsg and recvmmsg on SDP sockets: every entry goes over the stream, in order.
+TEST(Io, SendmmsgAndRecvmmsg) {
+  static constexpr size_t kSizes[] = {100, 70000, 5};
+  static constexpr size_t kTotal = 100 + 70000 + 5;
+  connected(
+      [](Channel &ch, int fd) {
+        std::vector<char> data = pattern(25, 0, kTotal);
+        iovec iov[3];
+        mmsghdr v[3] = {};
+        size_t at = 0;
+        for (int i = 0; i < 3; ++i) {
+          iov[i] = {data.data() + at, kSizes[i]};
+          at += kSizes[i];
+          v[i].msg_hdr.msg_iov = &iov[i];
+          v[i].msg_hdr.msg_iovlen = 1;
+        }
+        ASSERT_EQ(sendmmsg(fd, v, 3, MSG_NOSIGNAL), 3) << strerror(errno);
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(v[i].msg_len, kSizes[i]);
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+        ch.wait();
+      },
+      [](Channel &ch, int fd) {
+        std::vector<char> got(kTotal);
+        size_t have = 0;
+        while (have < kTotal) {
+          // Four entries of at most 4 KiB each; after the first nothing more is waited for.
+          iovec iov[4];
+          mmsghdr v[4] = {};
+          for (int i = 0; i < 4; ++i) {
+            iov[i] = {got.data() + std::min(kTotal, have + 4096 * i),
+                      std::min<size_t>(4096, kTotal - std::min(kTotal, have + 4096 * i))};
+            v[i].msg_hdr.msg_iov = &iov[i];
+            v[i].msg_hdr.msg_iovlen = 1;
+          }
+          ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs)) << "nothing within 5 s at " << have;
+          int n = recvmmsg(fd, v, 4, MSG_WAITFORONE, nullptr);
+          ASSERT_GE(n, 1) << strerror(errno);
+          // Entries fill in order: a short one ends what this call brought.
+          for (int i = 0; i < n; ++i) {
+            have += v[i].msg_len;
+            if (v[i].msg_len < iov[i].iov_len) break;
+          }
+        }
+        EXPECT_EQ(mismatch(25, 0, got.data(), kTotal), "");
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_SDP));
+        ch.signal();
+      });
+}
+
+// splice between an SDP connection and a pipe: the connection goes back to TCP, and the
+// stream goes on there in both directions with nothing lost.
+TEST(Io, SpliceIntoAPipeHandsTheConnectionBackToTcp) {
+  connected(
+      [](Channel &ch, int fd) {
+        ch.wait();  // 5000 bytes are on their way (in this side's ring, or still in the peer's)
+        int p[2];
+        ASSERT_EQ(pipe(p), 0);
+        size_t moved = 0;
+        std::vector<char> got(5000);
+        while (moved < got.size()) {
+          ASSERT_TRUE(wait_for(fd, POLLIN, kIoTimeoutMs)) << "after " << moved;
+          ssize_t k = splice(fd, nullptr, p[1], nullptr, got.size() - moved, 0);
+          ASSERT_GT(k, 0) << strerror(errno);
+          ASSERT_EQ(read(p[0], got.data() + moved, size_t(k)), k);
+          moved += size_t(k);
+        }
+        EXPECT_EQ(mismatch(26, 0, got.data(), got.size()), "");
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_TCP));
+        client_round(fd, 27, 26, 5000, 100000);
+        close(p[0]);
+        close(p[1]);
+        ch.wait();
+      },
+      [](Channel &ch, int fd) {
+        send_pattern(fd, 26, 0, 5000);
+        ch.signal();
+        server_round(fd, 27, 26, 5000, 100000);
         ch.signal();
       });
 }
