@@ -55,8 +55,7 @@ uint16_t port_of(const sockaddr *sa) {
                                         : reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_port);
 }
 
-// A name of the fabric: kind 'L' (a listener) and its port, or 'C' (a client) and the inode
-// of its socket.
+// A name of the fabric: kind 'L' (a listener) or 'C' (a client) and the inode of its socket.
 socklen_t mark_name(sockaddr_un &un, char kind, uint64_t key) {
   un = sockaddr_un{};
   un.sun_family = AF_UNIX;
@@ -125,42 +124,67 @@ bool diag_id(inet_diag_req_v2 &r, int family, const sockaddr_storage &from,
   return true;
 }
 
+// The inode of the TCP socket of this host that the kernel finds for a segment from `from` to
+// `to`, looked up in `family`'s table (sock_diag's one-socket lookup: an established socket,
+// else the listener that `to` reaches); 0 if none.
+uint64_t diag_inode(int nl, int family, const sockaddr_storage &from, const sockaddr_storage &to) {
+  struct {
+    nlmsghdr h;
+    inet_diag_req_v2 r;
+  } req{};
+  req.h.nlmsg_len = sizeof req;
+  req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  req.h.nlmsg_flags = NLM_F_REQUEST;  // one socket, looked up by its addresses
+  req.r.sdiag_protocol = IPPROTO_TCP;
+  req.r.idiag_states = ~0u;
+  req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  // The table's view: the socket's own end (`to`) is the source.
+  if (!diag_id(req.r, family, to, from)) return 0;
+  if (real().sendto(nl, &req, sizeof req, 0, nullptr, 0) != ssize_t(sizeof req)) return 0;
+  alignas(nlmsghdr) char buf[1024];
+  ssize_t n = real().recvfrom(nl, buf, sizeof buf, 0, nullptr, nullptr);
+  const auto *h = reinterpret_cast<const nlmsghdr *>(buf);
+  if (n >= ssize_t(NLMSG_LENGTH(sizeof(inet_diag_msg))) && h->nlmsg_type == SOCK_DIAG_BY_FAMILY)
+    return static_cast<const inet_diag_msg *>(NLMSG_DATA(h))->idiag_inode;
+  return 0;
+}
+
+bool is_v4(const sockaddr_storage &a) {
+  return a.ss_family == AF_INET ||
+         IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<const sockaddr_in6 *>(&a)->sin6_addr);
+}
+
+// diag_inode in the family the addresses show first, then in the other (an IPv4 end may be
+// a dual-stack IPv6 socket, a v4-mapped one an IPv4 socket).
+uint64_t find_inode(const sockaddr_storage &from, const sockaddr_storage &to) {
+  const int nl = real().socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (nl < 0) return 0;
+  uint64_t ino = 0;
+  const bool v4 = is_v4(to);
+  for (int family : {v4 ? AF_INET : AF_INET6, v4 ? AF_INET6 : AF_INET})
+    if ((ino = diag_inode(nl, family, from, to))) break;
+  real().close(nl);
+  return ino;
+}
+
 // The inode of the socket at the other end of TCP connection `fd` when it is on this host
-// (the client's, for an accepted connection), from the kernel's socket table; 0 if none.
+// (the client's, for an accepted connection); 0 if none.
 uint64_t peer_socket_inode(int fd) {
   sockaddr_storage me{}, peer{};
   socklen_t ml = sizeof me, pl = sizeof peer;
   if (getsockname(fd, reinterpret_cast<sockaddr *>(&me), &ml) != 0 ||
       getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &pl) != 0)
     return 0;
-  const int nl = real().socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-  if (nl < 0) return 0;
-  uint64_t ino = 0;
-  // The peer's socket is most likely of the family its address shows; else the other one.
-  const bool v4 = peer.ss_family == AF_INET ||
-                  IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<sockaddr_in6 *>(&peer)->sin6_addr);
-  for (int family : {v4 ? AF_INET : AF_INET6, v4 ? AF_INET6 : AF_INET}) {
-    struct {
-      nlmsghdr h;
-      inet_diag_req_v2 r;
-    } req{};
-    req.h.nlmsg_len = sizeof req;
-    req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-    req.h.nlmsg_flags = NLM_F_REQUEST;  // one socket, looked up by its addresses
-    req.r.sdiag_protocol = IPPROTO_TCP;
-    req.r.idiag_states = ~0u;
-    req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-    if (!diag_id(req.r, family, peer, me)) continue;
-    if (real().sendto(nl, &req, sizeof req, 0, nullptr, 0) != ssize_t(sizeof req)) break;
-    alignas(nlmsghdr) char buf[1024];
-    ssize_t n = real().recvfrom(nl, buf, sizeof buf, 0, nullptr, nullptr);
-    const auto *h = reinterpret_cast<const nlmsghdr *>(buf);
-    if (n >= ssize_t(NLMSG_LENGTH(sizeof(inet_diag_msg))) && h->nlmsg_type == SOCK_DIAG_BY_FAMILY)
-      ino = static_cast<const inet_diag_msg *>(NLMSG_DATA(h))->idiag_inode;
-    if (ino) break;
-  }
-  real().close(nl);
-  return ino;
+  return find_inode(me, peer);
+}
+
+// The inode of the listening socket of this host that a connect to `dest` reaches (an address
+// of its own, ANY, or a dual-stack IPv6 socket); 0 if none.
+uint64_t listener_inode(const sockaddr *dest, socklen_t len) {
+  sockaddr_storage to{}, from{};
+  memcpy(&to, dest, std::min<size_t>(len, sizeof to));
+  from.ss_family = is_v4(to) ? AF_INET : AF_INET6;  // address 0, port 0: no established match
+  return find_inode(from, to);
 }
 
 // Whether the address is this host's (loopback, any, or an interface address): on the
@@ -323,9 +347,11 @@ void handshake_listen(Sock &s) {
     s.reason = reason;
     return;
   }
-  uint16_t port = port_of(reinterpret_cast<sockaddr *>(&ss));
-  if (s.mark_fd < 0) s.mark_fd = hold_name('L', port);  // -1: another listener of the port has it
-  logf("listener fd %d on port %u takes SDP", s.fd, port);
+  // The mark names the listening socket, so that a client finds out whether the listener its
+  // connect reaches is this one (not another of the same port on another address).
+  if (!s.ino) s.ino = socket_inode(s.fd);
+  if (s.mark_fd < 0) s.mark_fd = hold_name('L', s.ino);  // -1: a process sharing it holds it
+  logf("listener fd %d on port %u takes SDP", s.fd, port_of(reinterpret_cast<sockaddr *>(&ss)));
   s.reason = "listener";
 }
 
@@ -337,8 +363,8 @@ void handshake_before_connect(Sock &s, const sockaddr *addr, socklen_t len) {
     s.reason = reason;
   } else if (!address_is_local(addr)) {
     s.reason = "not_on_fabric";
-  } else if (!name_held('L', port_of(addr))) {
-    s.reason = "peer_no_sdp";  // no listener with the layer on this fabric and port
+  } else if (!name_held('L', listener_inode(addr, len))) {
+    s.reason = "peer_no_sdp";  // the listener it reaches has no layer on this fabric
   } else {
     // The marker names this socket's inode: the server finds it by the connection's ends.
     if (!s.ino) s.ino = socket_inode(s.fd);

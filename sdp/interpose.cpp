@@ -481,6 +481,7 @@ SDP_EXPORT int accept(int fd, sockaddr *addr, socklen_t *len) {
 
 SDP_EXPORT int close(int fd) {
   uint8_t f = fd >= 0 && fd < kFast ? fast[fd].load(std::memory_order_acquire) : 1;
+  if (f && in_vfork_child()) return real().close(fd);
   if (f == 2 || fd >= kFast) {
     multiplex_close_epoll(fd);
     note_epoll_fd(fd, false);
@@ -497,7 +498,8 @@ SDP_EXPORT int close(int fd) {
 SDP_EXPORT int close_range(unsigned int first, unsigned int last, int flags) {
   static auto real_close_range =
       reinterpret_cast<int (*)(unsigned int, unsigned int, int)>(dlsym(RTLD_NEXT, "close_range"));
-  if (!(flags & CLOSE_RANGE_CLOEXEC) && first <= last) {
+  // Python's subprocess calls it in a vfork()ed child, whose closes are the kernel's only.
+  if (!(flags & CLOSE_RANGE_CLOEXEC) && first <= last && !in_vfork_child()) {
     std::vector<int> ours;
     for (unsigned int fd = first; fd <= last && fd < unsigned(kFast); ++fd)
       if (fast[fd].load(std::memory_order_acquire)) ours.push_back(int(fd));
@@ -753,7 +755,7 @@ SDP_EXPORT int fcntl(int fd, int cmd, ...) {
   std::shared_ptr<Sock> s = find_sock(fd);
   if (!s) return r;
   if (cmd == F_SETFL) s->nonblocking = arg & O_NONBLOCK;
-  if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) map_fd(r, s);
+  if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && !in_vfork_child()) map_fd(r, s);
   return r;
 }
 
@@ -790,12 +792,12 @@ SDP_EXPORT int ioctl(int fd, unsigned long req, ...) {
 SDP_EXPORT int dup(int fd) {
   int r = real().dup(fd);
   if (r >= 0)
-    if (std::shared_ptr<Sock> s = find_sock(fd)) map_fd(r, s);
+    if (std::shared_ptr<Sock> s = find_sock(fd); s && !in_vfork_child()) map_fd(r, s);
   return r;
 }
 
 static int after_dup_to(int fd, int nfd, int r) {
-  if (r < 0 || fd == nfd) return r;
+  if (r < 0 || fd == nfd || in_vfork_child()) return r;
   std::shared_ptr<Sock> s = find_sock(fd);
   // nfd was closed by the kernel: release what the layer held for it.
   if (std::shared_ptr<Sock> old = unmap_fd(nfd))

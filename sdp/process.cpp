@@ -191,6 +191,10 @@ void process_start() {
 // Both ends of a fork() may hold every socket made before it. The child's handler runs
 // before the provider's has given it private copies of registered memory (heap included):
 // counters only.
+bool in_vfork_child() {
+  return getpid() != layer_pid;
+}
+
 void process_fork_parent() {
   g_share_epoch.fetch_add(1, std::memory_order_relaxed);
 }

@@ -413,6 +413,9 @@ void ask_hand_back(pid_t owner, uint64_t ino);
 void hand_back_sock(Sock &s);
 // The first SDP connection of this process: it takes such requests from now on.
 void hand_back_listen();
+// A vfork()ed child (memory shared with its parent, descriptors its own): calls it makes on
+// descriptors go to the kernel only, the layer's table being its parent's.
+bool in_vfork_child();
 void process_fork_parent();  // fork handlers: counters only, no heap
 void process_fork_child();
 // Closes every SDP connection as exit would (FIN, or the hand-back where shared); waits a

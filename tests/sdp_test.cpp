@@ -2481,6 +2481,76 @@ TEST(Addressing, Ipv4Ipv6AndMappedClientsOfADualStackServer) {
       });
 }
 
+// A server without the layer on 127.0.0.2 and one with it on 127.0.0.1, the same port: a
+// client of the plain one must not send it the layer's Hello (the listener a connect reaches
+// is looked up by its address, not by the port alone).
+TEST(Addressing, APlainServerOnAnotherAddressOfTheSamePortSeesOnlyTheProgramsBytes) {
+  two_process(
+      [](Channel &ch) {
+        const uint16_t port = ch.recv<uint16_t>();
+        char script[] = "/tmp/sdp_test_plain_XXXXXX";
+        int sf = mkstemp(script);
+        ASSERT_GE(sf, 0);
+        const char *py =
+            "import socket, sys\n"
+            "s = socket.socket()\n"
+            "s.bind(('127.0.0.2', int(sys.argv[1])))\n"
+            "s.listen(1)\n"
+            "print('ready', flush=True)\n"
+            "c, _ = s.accept()\n"
+            "c.settimeout(10)\n"
+            "d = b''\n"
+            "while True:\n"
+            "    b = c.recv(4096)\n"
+            "    if not b: break\n"
+            "    d += b\n"
+            "    c.sendall(b)\n"
+            "print(d.hex(), flush=True)\n";
+        ASSERT_EQ(write(sf, py, strlen(py)), ssize_t(strlen(py)));
+        close(sf);
+        // Without the layer: its preload taken out of the environment.
+        const std::string cmd = "env -u LD_PRELOAD /usr/bin/python3 " + std::string(script) + " " +
+                                std::to_string(port);
+        FILE *plain = popen(cmd.c_str(), "r");
+        ASSERT_NE(plain, nullptr);
+        char line[4096] = {};
+        ASSERT_NE(fgets(line, sizeof line, plain), nullptr);
+        EXPECT_STREQ(line, "ready\n");
+
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_GE(fd, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+        ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0) << strerror(errno);
+        send_all(fd, "request\n", 8);
+        char echo[8];
+        recv_exact(fd, echo, sizeof echo);
+        EXPECT_EQ(std::string(echo, sizeof echo), "request\n");
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_TCP));
+        close(fd);
+        ASSERT_NE(fgets(line, sizeof line, plain), nullptr);
+        EXPECT_STREQ(line, "726571756573740a\n") << "what the plain server received (hex)";
+        pclose(plain);
+        unlink(script);
+
+        int sdp = dial(port);  // the listener with the layer: SDP still
+        settle_client(sdp);
+        close(sdp);
+        ch.wait();
+      },
+      [](Channel &ch) {
+        Listener l;
+        ch.send(l.port);
+        int fd = l.accept_one();
+        settle_server(fd);
+        close(fd);
+        ch.signal();
+      },
+      within(std::chrono::seconds(30)));
+}
+
 // ---- stdio ------------------------------------------------------------------------------------
 
 // A program wraps its connection in a FILE (fdopen): stdio reads and writes through glibc's
