@@ -2,6 +2,7 @@
 // in /dev/shm, and a process that opened and closed devices has the
 // descriptors and mappings it had before.
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -110,6 +111,55 @@ TEST(Lifecycle, FabricsLeaveNoTableAndAProcessNoDescriptorsOrMappings) {
   const Footprint after = footprint();
   EXPECT_EQ(after.fds, before.fds) << "descriptors left open";
   if (!kSanitizerOwnsMemory) EXPECT_EQ(after.maps, before.maps) << "mappings left";
+}
+
+// Whether a child process can open pcientb0 on `fabric`: 0 if it can, else the errno of the
+// failed ibv_open_device.
+int child_open_errno(const std::string &fabric) {
+  pid_t pid = fork();
+  if (pid < 0) throw_errno("fork", errno);
+  if (pid == 0) {
+    setenv("PCIENTB_FABRIC", fabric.c_str(), 1);
+    int n = 0;
+    ibv_device **list = ibv_get_device_list(&n);
+    ibv_device *dev = nullptr;
+    for (int i = 0; i < n; ++i)
+      if (!strcmp(ibv_get_device_name(list[i]), "pcientb0")) dev = list[i];
+    if (!dev) _exit(100);
+    ibv_context *ctx = ibv_open_device(dev);
+    const int e = ctx ? 0 : errno;
+    if (ctx) ibv_close_device(ctx);
+    ibv_free_device_list(list);
+    _exit(e > 0 && e < 100 ? e : (ctx ? 0 : 101));
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 102;
+}
+
+// Processes of two builds whose area layouts differ would misread each other's memory: a
+// join while nodes of another build live is refused (EPROTO); a table such nodes left when
+// killed is taken over.
+TEST(Lifecycle, AFabricWhoseNodesAreOfAnotherBuildIsRefusedWhileTheyLive) {
+  use_private_fabric();  // now, so that the children keep the fabric named here
+  const std::string fabric = "lifecycle_build" + std::to_string(getpid());
+  const std::string table = "/dev/shm/pcientb." + std::to_string(getuid()) + "." + fabric;
+  ChildNode other(fabric);
+  int fd = open(table.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << table << ": " << strerror(errno);
+  constexpr off_t kLayoutAt = 12;  // TableFile: magic, max_nodes, layout
+  uint32_t layout = 0;
+  ASSERT_EQ(pread(fd, &layout, sizeof layout, kLayoutAt), ssize_t(sizeof layout));
+  ASSERT_NE(layout, 0u);
+  const uint32_t foreign = layout ^ 0x5a5a5a5au;  // as if `other` were of another build
+  ASSERT_EQ(pwrite(fd, &foreign, sizeof foreign, kLayoutAt), ssize_t(sizeof foreign));
+  EXPECT_EQ(child_open_errno(fabric), EPROTO);
+  ASSERT_EQ(pwrite(fd, &layout, sizeof layout, kLayoutAt), ssize_t(sizeof layout));
+  EXPECT_EQ(child_open_errno(fabric), 0) << "the same build joins";
+  ASSERT_EQ(pwrite(fd, &foreign, sizeof foreign, kLayoutAt), ssize_t(sizeof foreign));
+  close(fd);
+  other.end(true);  // killed: its table stays, with no live node
+  EXPECT_EQ(child_open_errno(fabric), 0) << "a deserted table of another build is taken over";
 }
 
 }  // namespace

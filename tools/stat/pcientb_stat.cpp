@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "engine/inspect.hpp"
+#include "engine/layout.hpp"
 #include "fabric/fabric.hpp"
 
 namespace {
@@ -52,11 +53,14 @@ std::vector<Fabric> collect(const Options &o, std::string *err) {
   std::vector<Fabric> out;
   for (const std::string &name : names) {
     int e = 0;
-    auto view = pcientb::fabric::view_emu_fabric(name.c_str(), &e);
+    auto view = pcientb::fabric::view_emu_fabric(name.c_str(), pcientb::engine::kAreaLayout, &e);
     if (!view) {
       // A named fabric must exist; one listed a moment ago may have gone.
       if (!o.fabrics.empty())
-        *err += fmt::format("fabric {}: {}\n", name, e == ENOENT ? "no such fabric" : strerror(e));
+        *err += fmt::format("fabric {}: {}\n", name,
+                            e == ENOENT   ? "no such fabric"
+                            : e == EPROTO ? "its processes use another build of the provider"
+                                          : strerror(e));
       continue;
     }
     Fabric f{name, {}};

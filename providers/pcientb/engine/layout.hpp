@@ -325,6 +325,33 @@ struct AreaRoot {
 };
 constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
 
+// The format of what peers read and write in a node's area, as a number: the fabric refuses
+// to mix nodes whose builds differ in it (each would misread the other's memory). Bump
+// kAreaRevision for a change of meaning that no size below shows.
+constexpr uint32_t kAreaRevision = 1;
+constexpr uint32_t area_layout() {
+  const uint64_t parts[] = {kAreaRevision,
+                            sizeof(AreaRoot),
+                            sizeof(MrShared),
+                            sizeof(QpShared),
+                            sizeof(RqShared),
+                            sizeof(CqShared),
+                            sizeof(CqEntry),
+                            kCqSlotSize,
+                            sizeof(RecvWqe),
+                            sizeof(RingHeader),
+                            sizeof(EagerRecv),
+                            kEagerMax,
+                            kMaxQps,
+                            kMaxMrs,
+                            offsetof(AreaRoot, qps)};
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (uint64_t p : parts)
+    for (int i = 0; i < 8; ++i) h = (h ^ uint8_t(p >> (8 * i))) * 16777619u;
+  return h;
+}
+constexpr uint32_t kAreaLayout = area_layout();
+
 template <typename T>
 T *at(void *area, Off off) {
   return off ? reinterpret_cast<T *>(static_cast<uint8_t *>(area) + off) : nullptr;

@@ -123,14 +123,19 @@ class FabricView {
 };
 
 // The emulated fabric named `name`, this process joining it as a node.
-// Returns nullptr and sets *err (an errno value) on failure.
-std::unique_ptr<Fabric> open_emu_fabric(const char *name, int *err);
+// `layout` fingerprints the format of what peers read in a node's area (the
+// engine's); every node of a fabric must have the same, or they would misread
+// each other's memory: a join while nodes of another build live fails with
+// EPROTO (and says so on stderr). Returns nullptr and sets *err (an errno
+// value) on failure.
+std::unique_ptr<Fabric> open_emu_fabric(const char *name, uint32_t layout, int *err);
 // The node GUID the emulated fabric gives this process, known before it joins.
 uint64_t emu_node_guid();
 // The names of this user's emulated fabrics (those with a table), sorted.
 std::vector<std::string> emu_fabric_names();
 // A view of the emulated fabric `name`; nullptr and *err (ENOENT: no such
 // fabric) on failure.
-std::unique_ptr<FabricView> view_emu_fabric(const char *name, int *err);
+// EPROTO: its nodes are of a build whose `layout` (see open_emu_fabric) differs.
+std::unique_ptr<FabricView> view_emu_fabric(const char *name, uint32_t layout, int *err);
 
 }  // namespace pcientb::fabric

@@ -77,7 +77,7 @@ struct NodeSlot {
 struct TableFile {
   uint64_t magic;
   uint32_t max_nodes;
-  uint32_t pad;
+  uint32_t layout;  // fabric_layout() of the nodes' build; 0 in tables of older builds
   NodeSlot slots[kMaxNodes];
 };
 
@@ -121,6 +121,19 @@ struct SegHeader {
   ChunkEntry chunks[kMaxChunks];
 };
 constexpr size_t kHeaderSize = (sizeof(SegHeader) + kPage - 1) & ~(kPage - 1);
+
+// The engine's layout mixed with this backend's own (FNV-1a over the sizes peers rely on).
+uint32_t fabric_layout(uint32_t engine) {
+  const uint64_t parts[] = {engine,           sizeof(TableFile),
+                            sizeof(NodeSlot), sizeof(SegHeader),
+                            kMaxWindows,      kMaxExtents,
+                            kMaxChunks,       sizeof(WindowEntry),
+                            kAreaSize,        offsetof(SegHeader, life)};
+  uint32_t h = 2166136261u;
+  for (uint64_t p : parts)
+    for (int i = 0; i < 8; ++i) h = (h ^ uint8_t(p >> (8 * i))) * 16777619u;
+  return h ? h : 1;  // 0 is "unknown" (an older build's table)
+}
 constexpr size_t kSegSize = kHeaderSize + kAreaSize;
 
 // -1 where the kernel (or valgrind, which does not know the call) has no
@@ -410,7 +423,7 @@ class EmuPeer final : public Peer {
 class EmuFabric final : public Fabric {
  public:
   ~EmuFabric() override;
-  int join(const char *name);
+  int join(const char *name, uint32_t layout);
 
   uint16_t lid() const override { return lid_; }
   uint64_t nonce() const override { return nonce_; }
@@ -486,7 +499,7 @@ struct TableLock {
   int fd_;
 };
 
-int EmuFabric::join(const char *name) {
+int EmuFabric::join(const char *name, uint32_t layout) {
   name_ = name;
   for (char c : name_)
     if (c == '/' || c == '\0') return EINVAL;
@@ -531,9 +544,19 @@ int EmuFabric::join(const char *name) {
       kernel::mmap(nullptr, sizeof(TableFile), PROT_READ | PROT_WRITE, MAP_SHARED, table_fd_, 0);
   if (t == MAP_FAILED) return errno;
   table_ = static_cast<TableFile *>(t);
-  if (table_->magic != kTableMagic) {
+  const uint32_t mine = fabric_layout(layout);
+  if (table_->magic == kTableMagic && table_->layout != mine && !table_deserted(*table_)) {
+    fprintf(stderr,
+            "pcientb: fabric '%s' is in use by processes with another build of the pcientb "
+            "provider (layout %08x, this one %08x); a fabric's processes must all use one "
+            "build: use another fabric (PCIENTB_FABRIC, --fabric) or the same provider\n",
+            name_.c_str(), table_->layout, mine);
+    return EPROTO;
+  }
+  if (table_->magic != kTableMagic || table_->layout != mine) {
     memset(table_, 0, sizeof *table_);
     table_->max_nodes = kMaxNodes;
+    table_->layout = mine;
     table_->magic = kTableMagic;
   }
 
@@ -1079,7 +1102,7 @@ class EmuFabricView : public FabricView {
   ~EmuFabricView() override {
     for (auto &[base, size] : maps_) kernel::munmap(base, size);
   }
-  int open(const char *name);
+  int open(const char *name, uint32_t layout);
   const char *name() const override { return name_.c_str(); }
   const std::vector<NodeView> &nodes() const override { return nodes_; }
 
@@ -1090,7 +1113,7 @@ class EmuFabricView : public FabricView {
   std::vector<std::pair<void *, size_t>> maps_;
 };
 
-int EmuFabricView::open(const char *name) {
+int EmuFabricView::open(const char *name, uint32_t layout) {
   name_ = name;
   if (name_.empty() || name_.find('/') != std::string::npos) return EINVAL;
   const std::string path = "/dev/shm/" + table_prefix() + name_;
@@ -1110,6 +1133,7 @@ int EmuFabricView::open(const char *name) {
   close(fd);
   if (e) return e;
   if (table->magic != kTableMagic) return ENOENT;
+  if (table->layout != fabric_layout(layout)) return EPROTO;  // its areas would be misread
   for (uint32_t i = 0; i < kMaxNodes; ++i)
     if (table->slots[i].pid != 0) nodes_.push_back(view(table->slots[i], uint16_t(i + 1)));
   return 0;
@@ -1160,18 +1184,18 @@ std::vector<std::string> emu_fabric_names() {
   return names;
 }
 
-std::unique_ptr<FabricView> view_emu_fabric(const char *name, int *err) {
+std::unique_ptr<FabricView> view_emu_fabric(const char *name, uint32_t layout, int *err) {
   auto v = std::make_unique<EmuFabricView>();
-  if (int e = v->open(name)) {
+  if (int e = v->open(name, layout)) {
     if (err) *err = e;
     return nullptr;
   }
   return v;
 }
 
-std::unique_ptr<Fabric> open_emu_fabric(const char *name, int *err) {
+std::unique_ptr<Fabric> open_emu_fabric(const char *name, uint32_t layout, int *err) {
   auto f = std::make_unique<EmuFabric>();
-  int e = f->join(name);
+  int e = f->join(name, layout);
   if (e) {
     if (err) *err = e;
     return nullptr;
