@@ -159,12 +159,13 @@ bool release(const std::shared_ptr<Sock> &s) {
   return lingers;
 }
 
-// Settles a socket still negotiating before data calls; false with errno when it cannot yet.
+// Settles a socket still negotiating before data calls; false with errno when it cannot yet
+// (EAGAIN: a call that must not wait: O_NONBLOCK, or !may_wait as for MSG_DONTWAIT).
 // After it, the socket is SDP, or untracked (TCP).
-bool settle(const std::shared_ptr<Sock> &s) {
+bool settle(const std::shared_ptr<Sock> &s, bool may_wait = true) {
   if (s->state == State::kSdp) return true;
   std::lock_guard<SockMutex> lk(s->mu);
-  return handshake_progress(*s, !s->nonblocking);
+  return handshake_progress(*s, may_wait && !s->nonblocking);
 }
 
 }  // namespace
@@ -334,11 +335,11 @@ void leave_layer(Sock &s) {
 namespace {
 
 // The SDP socket of fd, settled out of negotiation; nullptr when the kernel serves fd.
-std::shared_ptr<Sock> sdp_of(int fd, bool *failed) {
+std::shared_ptr<Sock> sdp_of(int fd, bool *failed, bool may_wait = true) {
   *failed = false;
   std::shared_ptr<Sock> s = find_sock(fd);
   if (!s || !sdp_like(*s)) return nullptr;
-  if (!settle(s)) {
+  if (!settle(s, may_wait)) {
     *failed = true;
     return s;
   }
@@ -358,14 +359,14 @@ Sock *cached_sdp(int fd) {
   return s && s->state == State::kSdp && !s->tx_tcp && !inherited(*s) ? s : nullptr;
 }
 
-Sock *sdp_for_io(int fd, bool *failed, bool *handled) {
+Sock *sdp_for_io(int fd, bool *failed, bool *handled, int flags) {
   *failed = false;
   if (Sock *s = cached_sdp(fd)) {
     *handled = true;
     return s;
   }
   uint32_t gen = fd >= 0 && fd < kFast ? fast_gen[fd].load(std::memory_order_acquire) : 0;
-  std::shared_ptr<Sock> s = sdp_of(fd, failed);
+  std::shared_ptr<Sock> s = sdp_of(fd, failed, !(flags & MSG_DONTWAIT));
   *handled = s != nullptr;
   if (!s) return nullptr;
   Sock *raw = s.get();
@@ -385,7 +386,7 @@ ssize_t kernel_serves(Sock &s, bool *handled) {
 
 ssize_t do_send(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
   bool failed;
-  Sock *s = sdp_for_io(fd, &failed, handled);
+  Sock *s = sdp_for_io(fd, &failed, handled, flags);
   if (failed) return -1;
   if (!s) return 0;
   ssize_t r = stream_send(*s, iov, cnt, flags);
@@ -394,7 +395,7 @@ ssize_t do_send(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
 
 ssize_t do_recv(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
   bool failed;
-  Sock *s = sdp_for_io(fd, &failed, handled);
+  Sock *s = sdp_for_io(fd, &failed, handled, flags);
   if (failed) return -1;
   if (!s) return 0;
   ssize_t r = stream_recv(*s, iov, cnt, flags);

@@ -780,6 +780,36 @@ TEST(NonBlocking, MsgDontwaitOnBlockingSocket) {
 
 // Both ends nonblocking from the start: the handshake runs inside nonblocking calls and
 // poll, and an event loop moves data both ways.
+// MSG_DONTWAIT on a blocking socket whose handshake is not done (the server's program has
+// not used the connection yet) does not wait for it: EAGAIN, as TCP with nothing to read.
+TEST(NonBlocking, MsgDontwaitWhileNegotiatingDoesNotWait) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch, false);  // not used yet: the handshake starts at first use
+        char c;
+        const auto t0 = Clock::now();
+        {
+          Rescue r(3000ms, "recv(MSG_DONTWAIT) while the server has not used the connection",
+                   [&ch] { ch.signal(); });  // the server settles: the recv ends
+          expect_eagain([&] { return recv(fd, &c, 1, MSG_DONTWAIT); });
+        }
+        EXPECT_LT(ms_since(t0), 1000);
+        ch.signal();  // the server uses the connection now
+        ch.wait();
+        settle_client(fd);
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch, false);
+        ch.wait();
+        ch.signal();
+        settle_server(fd);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
 TEST(NonBlocking, EventLoopFromFirstUse) {
   static constexpr size_t kLen = 300000;
   auto loop = [](int fd, uint64_t tx_seed, uint64_t rx_seed) {
