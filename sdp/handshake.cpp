@@ -365,6 +365,10 @@ void handshake_before_connect(Sock &s, const sockaddr *addr, socklen_t len) {
     s.reason = "not_on_fabric";
   } else if (!name_held('L', listener_inode(addr, len))) {
     s.reason = "peer_no_sdp";  // the listener it reaches has no layer on this fabric
+  } else if (!link_device_usable()) {
+    // Without a device the client would have to take back its offer with an Abandon, and a
+    // server that accepts after the marker is gone would read that as the program's bytes.
+    s.reason = "no_device";
   } else {
     // The marker names this socket's inode: the server finds it by the connection's ends.
     if (!s.ino) s.ino = socket_inode(s.fd);

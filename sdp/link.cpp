@@ -198,6 +198,10 @@ void *map_buffer(size_t len) {
 
 }  // namespace
 
+bool link_device_usable() {
+  return device() != nullptr;
+}
+
 bool link_create(Link &l, std::atomic<int> *sleepers) {
   Device *d = device();
   if (!d) {

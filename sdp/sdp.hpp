@@ -104,6 +104,9 @@ struct Link {
 // failure. `sleepers`: the owner's count of threads asleep on it (woken by its kick when
 // another thread takes its completions from the shared CQ).
 bool link_create(Link &link, std::atomic<int> *sleepers);
+// Whether this process can open pcientb0 (opens it the first time): a socket is offered to
+// SDP only then, since a peer that saw the offer expects the handshake.
+bool link_device_usable();
 // Moves the QP to RTS toward link.remote and posts the receives.
 bool link_connect(Link &link);
 void link_destroy(Link &link);

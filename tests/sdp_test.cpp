@@ -2581,6 +2581,59 @@ TEST(Addressing, APlainServerOnAnotherAddressOfTheSamePortSeesOnlyTheProgramsByt
       within(std::chrono::seconds(30)));
 }
 
+// A client that cannot open pcientb0 (here: its fabric is held by nodes of another build)
+// does not offer SDP at all: had it offered and then taken the offer back, a server that
+// accepts only after that would read the Abandon message as the client's first bytes.
+TEST(Fallback, AClientWithoutADeviceOffersNothing) {
+  two_process(
+      [](Channel &ch) {
+        const uint16_t port = ch.recv<uint16_t>();
+        const char *fabric = getenv("PCIENTB_FABRIC");
+        ASSERT_NE(fabric, nullptr);
+        const std::string table =
+            "/dev/shm/pcientb." + std::to_string(getuid()) + "." + std::string(fabric);
+        int t = open(table.c_str(), O_RDWR | O_CLOEXEC);
+        ASSERT_GE(t, 0) << table << ": " << strerror(errno);
+        constexpr off_t kLayoutAt = 12;  // TableFile: magic, max_nodes, layout
+        uint32_t layout = 0;
+        ASSERT_EQ(pread(t, &layout, sizeof layout, kLayoutAt), ssize_t(sizeof layout));
+        const uint32_t foreign = layout ^ 0x5a5a5a5au;  // the server's node: another build
+        ASSERT_EQ(pwrite(t, &foreign, sizeof foreign, kLayoutAt), ssize_t(sizeof foreign));
+        int fd = dial(port);
+        send_all(fd, "request\n", 8);
+        char echo[8];
+        recv_exact(fd, echo, sizeof echo);
+        EXPECT_EQ(std::string(echo, sizeof echo), "request\n");
+        EXPECT_EQ(stats_of(fd).path, uint32_t(PCIENTB_SDP_PATH_TCP));
+        ASSERT_EQ(pwrite(t, &layout, sizeof layout, kLayoutAt), ssize_t(sizeof layout));
+        close(t);
+        close(fd);
+        ch.wait();
+      },
+      [](Channel &ch) {
+        Listener l;
+        // An SDP connection to itself makes this process a node of the fabric (its table
+        // exists and has a live node for the client to find of another build).
+        int self_c = dial(l.port), self_s = l.accept_one();
+        std::thread t([self_s] { settle_server(self_s); });
+        settle_client(self_c);
+        t.join();
+        ch.send(l.port);
+        std::this_thread::sleep_for(300ms);  // the client's first bytes are there by now
+        int fd = l.accept_one();
+        char got[8];
+        recv_exact(fd, got, sizeof got);
+        EXPECT_EQ(std::string(got, sizeof got), "request\n") << "the client's first bytes";
+        send_all(fd, got, sizeof got);
+        expect_eof(fd);
+        close(fd);
+        close(self_c);
+        close(self_s);
+        ch.signal();
+      },
+      within(std::chrono::seconds(30)));
+}
+
 // ---- stdio ------------------------------------------------------------------------------------
 
 // A program wraps its connection in a FILE (fdopen): stdio reads and writes through glibc's
