@@ -176,6 +176,10 @@ std::string describe(int status) {
 }  // namespace
 
 void two_process(const Body &parent, const Body &child, TwoProcessOptions options) {
+  if (const char *s = getenv("PCIENTB_TEST_TIME_SCALE"); s && atoi(s) > 1) {
+    options.deadline *= atoi(s);
+    options.child_grace *= atoi(s);
+  }
   use_private_fabric();
   int sv[2];
   ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) << std::strerror(errno);

@@ -106,6 +106,9 @@ class Channel {
 
 using Body = std::function<void(Channel &)>;
 
+// Both limits are multiplied by $PCIENTB_TEST_TIME_SCALE (a whole number, default 1) for runs
+// under a slow tool: valgrind's fork and exit of a process with the node's large mappings can
+// take more than 15 s on a loaded machine.
 struct TwoProcessOptions {
   // The whole test, both sides; past it the watchdog kills both processes.
   std::chrono::seconds deadline = 50s;

@@ -98,7 +98,10 @@ def main():
         figures = (pct, lat_avg, lat_all, bw_avg, bw_all, rate_avg, rate_all)
         if not all(math.isfinite(v) and v > 0 for v in figures):
             fail(f"Final: figures not all > 0: {m.group(0)}")
-        if max(pct, lat_avg) >= 10000:
+        # A sanity bound, not a target: 10 ms, plus 10 ns a byte for large messages (a 4 MiB
+        # message over ud_verbs waits out UCX's retransmission timers when the host is busy
+        # and a datagram finds no receive posted: 15 ms seen on a loaded CI machine).
+        if max(pct, lat_avg) >= 10000 + size / 100:
             fail(f"Final: latency {lat_avg} us is implausible")
         if max(bw_avg, bw_all) >= 1e6:
             fail(f"Final: bandwidth {bw_avg} MB/s is implausible")
