@@ -798,8 +798,10 @@ SDP_EXPORT int dup(int fd) {
 }
 
 static int after_dup_to(int fd, int nfd, int r) {
-  if (r < 0 || fd == nfd || in_vfork_child()) return r;
+  if (r < 0 || fd == nfd) return r;
   std::shared_ptr<Sock> s = find_sock(fd);
+  // Only descriptors the layer knows cost the vfork check (a system call).
+  if ((s || find_sock(nfd)) && in_vfork_child()) return r;
   // nfd was closed by the kernel: release what the layer held for it.
   if (std::shared_ptr<Sock> old = unmap_fd(nfd))
     if (!release(old)) real().close(old->fd);
