@@ -264,6 +264,8 @@ void Node::wake() {
 void Node::schedule(Qp *qp) {
   {
     std::lock_guard<std::mutex> g(prog_mu_);
+    // An answer may come for a QP being destroyed: once retired, it stays out.
+    if (qp->retired) return;
     pending_.insert(qp);
     next_due_ns_.store(1, std::memory_order_relaxed);  // due now
   }
@@ -304,6 +306,7 @@ void Node::retire_qp(Qp *qp) {
   // Under prog_mu_, as on_peer_death runs: it never sees a QP being freed.
   std::lock_guard<std::mutex> g(prog_mu_);
   pending_.erase(qp);
+  qp->retired = true;
   std::lock_guard<std::mutex> t(mu_);
   // Pairs with complete_with: a sender that claims a CQ slot after this sees
   // the number gone; one that claimed before is waited for by cq_discard_qp.
@@ -452,7 +455,7 @@ void Node::progress_loop() {
   std::vector<fabric::Peer *> peers;
   for (;;) {
     uint64_t next = 0;
-    fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
+    fds.assign({pollfd{wake_fd_, POLLIN, 0}, pollfd{fab_->doorbell_fd(), POLLIN, 0}});
     peers.clear();
     {
       std::unique_lock<std::mutex> g(prog_mu_);
@@ -484,6 +487,10 @@ void Node::progress_loop() {
         peers.push_back(p);
       }
     }
+    // Peers do not ring while this node's threads poll (the fabric's mask):
+    // what they post meanwhile is looked at here when that ends.
+    if (uint64_t quiet = fab_->quiet_until_ns(); quiet > now_ns())
+      next = next ? std::min(next, quiet) : quiet;
     timespec ts{}, *tsp = nullptr;
     if (next) {
       uint64_t now = now_ns();
@@ -493,17 +500,25 @@ void Node::progress_loop() {
       tsp = &ts;
     }
     int n = ppoll(fds.data(), fds.size(), tsp, nullptr);
-    if (n <= 0) continue;
+    if (n <= 0) {
+      service();
+      continue;
+    }
     if (fds[0].revents) {
       uint64_t v;
       while (::read(wake_fd_, &v, sizeof v) > 0) {
       }
     }
-    for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[1].revents) {  // a peer asks for a link, sent a request or an answer
+      fab_->clear_doorbell();
+      serve_links();
+    }
+    service();
+    for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       std::lock_guard<std::mutex> g(prog_mu_);
-      on_peer_death(peers[i - 1]);
-      watched_.erase(peers[i - 1]);
+      on_peer_death(peers[i - 2]);
+      watched_.erase(peers[i - 2]);
     }
   }
 }

@@ -43,6 +43,11 @@ bool take(Cq *cq, ibv_wc *wc) {
     }
     mpsc_pop(ring, pos);
     if (!got) continue;
+    // A receive in error: the QP may have been failed by the sender (a
+    // responder error), and the peers' mirrors learn its state now.
+    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR &&
+        (!ticket || (ticket & CqEntry::kEager)))
+      cq->ctx->node->push_qp(wc->qp_num & (kMaxQps - 1));
     if (!ticket || (ticket & CqEntry::kEager)) count_receive(*cq->ctx->node, *wc);
     return true;
   }
@@ -57,6 +62,8 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) {
   Cq *cq = cq_of(c);
   if (attr && attr->comp_mask) return EINVAL;
   cq->ctx->node->poll_progress();
+  cq->ctx->node->fab().polling();
+  cq->ctx->node->service();
   cq->poll_mu.lock();
   if (!take(cq, &cq->cur)) {
     cq->poll_mu.unlock();
@@ -184,6 +191,8 @@ int destroy_cq(Cq *cq) {
 int poll_cq(Cq *cq, int n, ibv_wc *wc) {
   if (n < 0) return -EINVAL;
   cq->ctx->node->poll_progress();
+  cq->ctx->node->fab().polling();
+  cq->ctx->node->service();
   std::lock_guard<SpinLock> g(cq->poll_mu);
   int i = 0;
   while (i < n && take(cq, &wc[i])) ++i;

@@ -9,7 +9,9 @@
 // Files: context.cpp (node, device queries, async events, progress thread),
 // mem.cpp (PD, MR, AH), cq.cpp, srq.cpp, qp.cpp (create/modify/query/destroy),
 // requester.cpp (post_send), responder.cpp (what the target side does:
-// receive queues, remote-access checks, delivery).
+// receive queues, remote-access checks, delivery, requests from peers),
+// link.cpp (links to peers: mirrors of their tables, lanes of requests and
+// answers; docs/transport.md).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -39,6 +41,8 @@ struct Context;
 struct Qp;
 struct Cq;
 struct Srq;
+struct OutLink;
+struct InLink;
 uint64_t now_ns();  // CLOCK_MONOTONIC
 
 // This process on one fabric: shared by every context opened on it.
@@ -112,6 +116,25 @@ class Node {
     if (due && due <= now_ns()) run_due();
   }
 
+  // --- links (link.cpp): reaching a peer without reading its memory ---
+  // The link to `peer` once the peer has served it (its tables mirrored
+  // here, lanes both ways); nullptr until then (the first call asks the
+  // peer, and rings its doorbell). Valid until the node goes.
+  OutLink *link(fabric::Peer &peer);
+  // Takes what peers wrote to this node's lanes: requests are executed and
+  // answered, answers handed to their QPs. Any thread, any time; cheap when
+  // there is nothing.
+  void service();
+  // Returns once no thread hands an answer to a QP it found before now: a
+  // QP taken out of the tables (retire_qp) is then safe to free.
+  void answers_barrier();
+  // This node's MR / QP entry `idx` changed: pushed to every peer that
+  // keeps a mirror of this node's tables. Call after the change.
+  void push_mr(uint32_t idx);
+  void push_qp(uint32_t idx);
+  // Serves what peers asked in this node's link boxes (on a doorbell).
+  void serve_links();
+
  private:
   Node() = default;
   void describe();  // fills AreaRoot::stats' identity
@@ -126,6 +149,13 @@ class Node {
   static void after_fork_in_parent();
   static void after_fork_in_child();
   void park_progress(bool park);
+  struct Seen {
+    uint64_t nonce = 0, asked = 0;  // the last ask of a LID's box looked at
+  };
+  void push_mr_to(const InLink &to, uint32_t idx);  // with links_mu_
+  void push_qp_to(const InLink &to, uint32_t idx);
+  void serve_requests(InLink &l);
+  void take_answers(OutLink &l);
 
   std::unique_ptr<fabric::Fabric> fab_;
   pid_t pid_ = 0;
@@ -146,6 +176,19 @@ class Node {
   std::map<Off, Srq *> srqs_;
   std::string stats_to_;
   bool reported_ = false;
+
+  // Links by the peer's LID: out_ those this node asked for, in_ those
+  // peers asked of it. A link replaced (the peer died, another took its
+  // LID) stays allocated until the node goes: lock-free readers may hold it.
+  std::mutex links_mu_;  // changing the links, and every push
+  std::atomic<OutLink *> out_[kMaxLinks] = {};
+  std::atomic<InLink *> in_[kMaxLinks] = {};
+  std::atomic<uint32_t> links_top_{0};  // 1 + the highest LID with a link
+  std::vector<std::unique_ptr<OutLink>> out_all_;
+  std::vector<std::unique_ptr<InLink>> in_all_;
+  std::map<uint16_t, Seen> seen_;
+  uint64_t asks_ = 0;      // LinkBox::asked of the last ask
+  uint32_t push_seq_ = 0;  // QpMirror::seq of the next push, less 1
 
   std::mutex prog_mu_;
   std::condition_variable parked_cv_;
@@ -181,6 +224,46 @@ class SpinLock {
 
  private:
   std::atomic<bool> held_{false};
+};
+
+// A lane's producer side: the lane is in the peer's area.
+struct LaneOut {
+  Off lane = 0;  // 0: none yet
+  uint32_t cells = 0;
+  uint64_t tail = 0;                             // cells produced
+  const std::atomic<uint64_t> *taken = nullptr;  // the consumer's count, in this node's box
+};
+// A lane's consumer side: the lane is in this node's area.
+struct LaneIn {
+  Off lane = 0;
+  uint32_t cells = 0;
+  uint64_t head = 0;    // cells taken
+  uint64_t posted = 0;  // head as last told to the producer
+  size_t taken_at = 0;  // where the producer reads it: our box in its area
+};
+
+// A link this node asked for: it sends requests to the peer and takes the
+// peer's answers.
+struct OutLink {
+  fabric::Peer *peer = nullptr;
+  uint64_t nonce = 0;  // the peer's
+  uint64_t asked = 0;
+  Off mirror = 0;               // of the peer's tables, here
+  std::atomic<bool> up{false};  // served: mirror full, request lane known
+  SpinLock req_mu;
+  LaneOut requests;
+  SpinLock ans_mu;
+  LaneIn answers;
+};
+// A link a peer asked of this node: the node keeps the peer's mirror of its
+// tables, takes the peer's requests and answers them.
+struct InLink {
+  fabric::Peer *peer = nullptr;
+  uint64_t nonce = 0;
+  Off mirror = 0;  // in the peer's area
+  SpinLock mu;     // taking requests and producing answers
+  LaneIn requests;
+  LaneOut answers;
 };
 
 struct Channel {
@@ -279,6 +362,13 @@ struct SendWqe {
   uint64_t seq;                      // its number in the send queue, from 1
   int rnr_left, retry_left;
   uint64_t not_before_ns;
+  uint64_t link_deadline_ns;  // while the target's tables are not mirrored yet
+  // Once sent (in Qp::sent):
+  uint32_t psn = 0;
+  bool done = false;  // answered (or executed here): complete with status/byte_len
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  uint32_t byte_len = 0;
+  uint64_t deadline_ns = 0;  // the answer must come by then
 };
 
 // What a sender knows of a target's receive queue: how far it was posted
@@ -307,16 +397,24 @@ struct Qp {
   bool sig_all;
   ibv_qp_attr attr{};  // what modify set, for query
   int attr_mask_seen = 0;
-  fabric::Peer *peer = nullptr;  // RC destination, from RTR
+  fabric::Peer *peer = nullptr;    // RC destination, from RTR
+  OutLink *link = nullptr;         // to peer, once up
+  const Mirror *mirror = nullptr;  // of peer's tables, once linked
   uint64_t peer_nonce = 0;
   RqView peer_rq;  // of the RC destination, with sq_mu
 
   SpinLock sq_mu;               // posting and executing sends
   SpinLock rq_mu;               // posting receives
   std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
-  uint64_t sq_posted = 0;       // WRs posted since RESET
+  // WRs executed and not completed yet, in order: waiting for the target's
+  // answer, or done and waiting for those before them.
+  std::deque<SendWqe> sent;
+  uint32_t unanswered = 0;  // of those: requests waiting for their answer
+  uint32_t next_psn = 0;
+  uint64_t sq_posted = 0;  // WRs posted since RESET
   bool drain_notify = false;
   bool errored = false;  // entered ERR since RESET (its events raised), with sq_mu
+  bool retired = false;  // taken out of the tables for destruction, with Node::prog_mu_
   QpStats *stats;        // its slot of AreaRoot::qp_stats
 
   ibv_qp_state state() const { return static_cast<ibv_qp_state>(sh->state.load()); }
@@ -374,6 +472,14 @@ int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad);
 uint64_t progress_qp(Qp *qp);
 // Moves a QP to ERR from this process: flushes what it holds.
 void qp_enter_error(Qp *qp);
+// The target's answer to a request of qp (requester.cpp).
+void qp_answer(Qp *qp, const AnswerRecord &a);
+// Executes a peer's request here and fills in the answer (responder.cpp);
+// `from` is the requesting node's LID.
+void serve_request(Node &node, uint16_t from, const RecordHead &h, AnswerRecord *answer);
+// Posts a record of len bytes into a peer's lane (its head's seq is set
+// here); false when the lane has no room (link.cpp).
+bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len);
 // Adding a completion to a CQ of `owner` (this node or a peer): claim an
 // entry and fill it in place (no copy: the line goes to the owner once), then
 // commit it, which publishes it and raises the completion event the CQ is

@@ -310,6 +310,97 @@ struct QpShared {
   } holding;
 };
 
+// --- links: what a node learns of a peer's tables without reading them -------
+// Node A links to node B to reach B's QPs and MRs: A gives B a mirror (in
+// A's area) and B pushes its tables there with posted writes, then keeps it
+// current. A checks rkeys and B's QP state against its own memory.
+constexpr uint32_t kMaxLinks = 1025;  // indexed by the peer's LID (1..1024)
+
+// In node X's area at index L: written only by the node with LID L (the
+// writer), about the link the writer asks of X and the one X asked of it.
+struct alignas(64) LinkBox {
+  // The writer asks X for a link:
+  std::atomic<uint64_t> nonce;        // the writer's incarnation
+  std::atomic<uint64_t> mirror;       // Off of the Mirror of X's tables, in the writer's area
+  std::atomic<uint64_t> answer_lane;  // Off of the lane for X's answers, in the writer's area
+  std::atomic<uint64_t> asked;        // bumped for a (new) link; written last
+  // The writer answers X's ask (X's box at the writer):
+  std::atomic<uint64_t> served_nonce;  // X's incarnation it was served for
+  std::atomic<uint64_t> request_lane;  // Off of the lane for X's requests, in the writer's area
+  std::atomic<uint64_t> served;        // X's `asked` whose full push is done; written last
+  // Credits, as cells consumed so far: of X's requests in the writer's
+  // lane, and of the answers X wrote to the writer.
+  alignas(64) std::atomic<uint64_t> requests_taken;
+  alignas(64) std::atomic<uint64_t> answers_taken;
+};
+
+// --- lanes: messages between linked nodes --------------------------------------
+// A lane is a ring of 64-byte cells in its consumer's area with one producer.
+// A record takes whole cells and never wraps (a pad record fills the end);
+// its head's `seq` is its position + 1 (in cells, low 32 bits) and lands
+// last, in a post of its own: a record is there when its seq is. The
+// consumer posts how many cells it has taken into its box at the producer.
+// Answers have lanes of their own: a node takes answers whatever it holds,
+// so requests waiting for room to answer cannot deadlock two nodes.
+constexpr uint32_t kCell = 64;
+constexpr uint32_t kRequestCells = 2048;  // 128 KiB
+constexpr uint32_t kAnswerCells = 1024;   // 64 KiB
+
+enum RecordType : uint16_t { kRecPad = 1, kRecAtomic, kRecAnswer };
+
+struct RecordHead {
+  std::atomic<uint32_t> seq;
+  uint16_t type;
+  uint16_t cells;
+  uint32_t qpn;  // requests: the target QP; answers: the requester's QP
+  uint32_t psn;  // the requester's number of the WR
+};
+static_assert(sizeof(RecordHead) == 16);
+
+struct AtomicRecord {
+  RecordHead head;
+  uint32_t src_qpn;
+  uint32_t rkey;
+  uint64_t addr;
+  uint64_t compare_add;
+  uint64_t swap;
+  uint32_t op;  // IBV_WR_ATOMIC_CMP_AND_SWP or IBV_WR_ATOMIC_FETCH_AND_ADD
+  uint32_t pad;
+};
+static_assert(sizeof(AtomicRecord) <= kCell);
+
+// The target's answer to a request: its status (IBV_WC_SUCCESS, or the
+// error the requester completes with; kAnswerRetry: the QP was not there or
+// not ready, try again after the timeout) and, for an atomic, the old value.
+constexpr uint32_t kAnswerRetry = 0xffff;
+struct AnswerRecord {
+  RecordHead head;
+  uint32_t status;
+  uint32_t pad;
+  uint64_t value;
+};
+static_assert(sizeof(AnswerRecord) <= kCell);
+
+// A peer's QP as its owner pushes it (seqlock: odd while changing).
+struct QpMirror {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> qpn;  // 0: no QP
+  std::atomic<uint32_t> state;
+  std::atomic<uint32_t> type;
+  std::atomic<uint32_t> pd;
+  std::atomic<uint32_t> access;
+  std::atomic<uint32_t> dest_qpn;
+  std::atomic<uint32_t> dest_lid;
+};
+static_assert(sizeof(QpMirror) == 32);
+
+// A peer's tables, in the linking node's area, written only by that peer.
+// MR entries follow MrShared's rule: key 0 while an entry changes.
+struct Mirror {
+  MrShared mrs[kMaxMrs];
+  QpMirror qps[kMaxQps];
+};
+
 // The root of a node's area: fixed tables, then allocations. `stats`,
 // `qp_stats` and the directories of CQs and SRQs are what the node shows of
 // itself to management tools (engine/inspect.hpp); peers never use them.
@@ -322,13 +413,14 @@ struct AreaRoot {
   QpStats qp_stats[kMaxQps];
   std::atomic<Off> cq_dir[kMaxCqs];    // CqShared of each live CQ; 0: free
   std::atomic<Off> srq_dir[kMaxSrqs];  // RqShared of each live SRQ
+  LinkBox links[kMaxLinks];
 };
 constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
 
 // The format of what peers read and write in a node's area, as a number: the fabric refuses
 // to mix nodes whose builds differ in it (each would misread the other's memory). Bump
 // kAreaRevision for a change of meaning that no size below shows.
-constexpr uint32_t kAreaRevision = 1;
+constexpr uint32_t kAreaRevision = 3;
 constexpr uint32_t area_layout() {
   const uint64_t parts[] = {kAreaRevision,
                             sizeof(AreaRoot),
@@ -344,7 +436,14 @@ constexpr uint32_t area_layout() {
                             kEagerMax,
                             kMaxQps,
                             kMaxMrs,
-                            offsetof(AreaRoot, qps)};
+                            offsetof(AreaRoot, qps),
+                            sizeof(LinkBox),
+                            sizeof(QpMirror),
+                            sizeof(AtomicRecord),
+                            sizeof(AnswerRecord),
+                            kRequestCells,
+                            kAnswerCells,
+                            offsetof(AreaRoot, links)};
   uint32_t h = 2166136261u;  // FNV-1a
   for (uint64_t p : parts)
     for (int i = 0; i < 8; ++i) h = (h ^ uint8_t(p >> (8 * i))) * 16777619u;

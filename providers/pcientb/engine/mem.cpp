@@ -36,6 +36,7 @@ int publish(Mr *mr, Node &node) {
   MrShared &s = node.root()->mrs[idx];
   fill_entry(mr, s);
   s.key.store(key, std::memory_order_release);
+  node.push_mr(idx);
   mr->idx = idx;
   mr->lkey = key;
   mr->rkey = key | kRkeyBit;
@@ -106,6 +107,7 @@ int rereg_mr(Mr *mr, int flags, Pd *pd, void *addr, size_t length, int access) {
   // The MR keeps its keys, as on an HCA. They stop working while it changes.
   MrShared &s = node.root()->mrs[mr->idx];
   s.key.store(0, std::memory_order_release);
+  node.push_mr(mr->idx);
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     node.fab().unexpose(mr->window);
     mr->window = window;
@@ -121,12 +123,14 @@ int rereg_mr(Mr *mr, int flags, Pd *pd, void *addr, size_t length, int access) {
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access;
   fill_entry(mr, s);
   s.key.store(mr->lkey, std::memory_order_release);
+  node.push_mr(mr->idx);
   return 0;
 }
 
 int dereg_mr(Mr *mr) {
   Node &node = *mr->pd->ctx->node;
   node.free_mr(mr->idx);
+  node.push_mr(mr->idx);  // peers' mirrors lose the key before the window goes
   node.fab().unexpose(mr->window);
   mr->pd->users--;
   delete mr;

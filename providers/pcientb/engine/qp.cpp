@@ -227,24 +227,35 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
     if (next == IBV_QPS_RESET) {
       qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
       qp->backlog.clear();
+      qp->sent.clear();  // answers to come are dropped: their PSNs are unknown now
+      qp->unanswered = 0;
       discard_completions(qp);
       qp->sq_posted = 0;
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
       qp->errored = false;
       qp->peer = nullptr;
+      qp->link = nullptr;
+      qp->mirror = nullptr;
       qp->attr = ibv_qp_attr{};
-      return 0;
+    } else {
+      if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT && !ud) {
+        qp->peer = node.fab().peer(qp->attr.ah_attr.dlid);
+        qp->link = nullptr;
+        qp->mirror = nullptr;
+        if (qp->peer) qp->peer_nonce = qp->peer->nonce();
+      }
+      qp->sh->state.store(next, std::memory_order_release);
+      kick = next == IBV_QPS_RTS && !qp->backlog.empty();
     }
-    if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT && !ud) {
-      qp->peer = node.fab().peer(qp->attr.ah_attr.dlid);
-      if (qp->peer) qp->peer_nonce = qp->peer->nonce();
-    }
-    qp->sh->state.store(next, std::memory_order_release);
-    kick = next == IBV_QPS_RTS && !qp->backlog.empty();
   }
+  node.push_qp(qp->idx);
+  if (next == IBV_QPS_RESET) return 0;
   if (next == IBV_QPS_ERR && cur != IBV_QPS_ERR) qp_enter_error(qp);
-  if (qp->peer && next == IBV_QPS_RTR) node.watch(qp->peer);
+  if (qp->peer && next == IBV_QPS_RTR) {
+    node.watch(qp->peer);
+    node.link(*qp->peer);  // asks for the link now: up by the first WR
+  }
   if (kick) node.schedule(qp);
   // Nothing is ever in flight once posted: the send queue is drained at once.
   if (next == IBV_QPS_SQD && (given & IBV_QP_EN_SQD_ASYNC_NOTIFY) && a->en_sqd_async_notify)
@@ -277,6 +288,8 @@ int destroy_qp(Qp *qp) {
   Node &node = *qp->ctx->node;
   qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
   node.retire_qp(qp);
+  node.push_qp(qp->idx);
+  node.answers_barrier();  // nobody hands an answer to it any more
   discard_completions(qp);
   node.free(qp->rq_off);
   qp->pd->users--;

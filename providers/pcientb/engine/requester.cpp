@@ -3,6 +3,7 @@
 // the QP's backlog, in order, for the progress thread.
 #include <endian.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -18,17 +19,33 @@ constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60, 
                                       2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
                                       40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
+constexpr uint64_t kLinkRetryNs = 20000;
+// An answer (or a link) is waited for at least this long, whatever the QP's
+// timeout: it takes the target's CPU, which a loaded host may give it late.
+constexpr uint64_t kAnswerFloorNs = 1000000000;
+
 uint64_t transport_timeout_ns(uint8_t timeout) {
   // 4.096 us * 2^timeout; 0 means infinite, retried every second.
   return timeout ? 4096ull << std::min<uint8_t>(timeout, 31) : 1000000000ull;
 }
 
-enum class Outcome { done, rnr, no_ack };
+// How long a request may wait for its answer, or for its link to come up:
+// as long as the QP's retries would take an HCA, at least kAnswerFloorNs.
+uint64_t answer_wait_ns(const Qp *qp) {
+  return std::max(kAnswerFloorNs,
+                  transport_timeout_ns(qp->attr.timeout) * (qp->attr.retry_cnt + 1u));
+}
+
+// no_ack: the target did not answer (transport retry); busy: the link is
+// not up yet or its lane is full (tried again soon); sent: a request went
+// out, its answer completes the WR (Qp::sent).
+enum class Outcome { done, rnr, no_ack, busy, sent };
 struct Result {
   Outcome outcome;
   ibv_wc_status status;
   uint32_t byte_len;
   uint8_t rnr_timer;
+  uint32_t psn = 0;  // of the request, when sent
 };
 Result done(ibv_wc_status s, uint32_t len = 0) {
   return {Outcome::done, s, len, 0};
@@ -49,13 +66,13 @@ uint64_t total_length(const SendWqe &w) {
 
 // The local side: the message's source pieces, or where a READ/atomic lands.
 ibv_wc_status local_gather(Qp *qp, const SendWqe &w, bool dest, Gather *g) {
-  AreaRoot *root = qp->ctx->node->root();
+  const MrShared *mrs = qp->ctx->node->root()->mrs;
   bool inl = (w.flags & IBV_SEND_INLINE) && !dest;
   for (uint32_t i = 0; i < w.num_sge; ++i) {
     const ibv_sge &s = w.sge[i];
     MrShared mr;
     if (!inl && s.length &&
-        !mr_check(root, s.lkey, false, qp->pd->id, dest ? IBV_ACCESS_LOCAL_WRITE : 0, s.addr,
+        !mr_check(mrs, s.lkey, false, qp->pd->id, dest ? IBV_ACCESS_LOCAL_WRITE : 0, s.addr,
                   s.length, &mr))
       return IBV_WC_LOC_PROT_ERR;
     g->ptr[g->n] = reinterpret_cast<const uint8_t *>(inl || !s.length ? s.addr : va_of(mr, s.addr));
@@ -202,19 +219,35 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     qp->ctx->node->watch(peer);
   }
   if (!peer->live()) return done(IBV_WC_RETRY_EXC_ERR);
-  auto *root = static_cast<AreaRoot *>(peer->area());
+  // The target's QP and MRs as it pushed them here: nothing is read from its memory.
+  const Mirror *m = qp->mirror;
+  if (!m) {
+    if (!(qp->link = qp->ctx->node->link(*peer)))
+      return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0, 0};
+    m = qp->mirror = static_cast<const Mirror *>(qp->ctx->node->ptr(qp->link->mirror));
+  }
   uint32_t dqpn = qp->attr.dest_qp_num;
-  QpShared *t = &root->qps[dqpn & (kMaxQps - 1)];
-  uint32_t st = t->state.load(std::memory_order_acquire);
+  QpView tv;
   // A target that is not (yet) there, or not connected to us, never answers.
-  if (t->qpn.load(std::memory_order_acquire) != dqpn || t->type != IBV_QPT_RC ||
-      (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) ||
-      t->dest_qpn != qp->ibv->qp_num || t->dest_lid != fab.lid())
+  if (!read_qp(m->qps[dqpn & (kMaxQps - 1)], &tv) || tv.qpn != dqpn || tv.type != IBV_QPT_RC ||
+      (tv.state != IBV_QPS_RTR && tv.state != IBV_QPS_RTS && tv.state != IBV_QPS_SQD) ||
+      tv.dest_qpn != qp->ibv->qp_num || tv.dest_lid != fab.lid())
     return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0, 0};
+  // SENDs still reach the target's queues in its memory (issue 9: to move to
+  // messages), and check the QP there too: a sender may have failed it
+  // (responder error, CQ overrun) or it may be going away under them.
+  auto *root = static_cast<AreaRoot *>(peer->area());
+  QpShared *t = &root->qps[dqpn & (kMaxQps - 1)];
+  if (op_info(w.opcode)->recv_wc) {
+    uint32_t st = t->state.load(std::memory_order_acquire);
+    if (t->qpn.load(std::memory_order_acquire) != dqpn ||
+        (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD))
+      return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0, 0};
+  }
 
   MrShared mr;
   auto remote_ok = [&](uint32_t need, uint64_t n) {
-    return (t->access & need) && mr_check(root, w.rkey, true, t->pd, need, w.remote_addr, n, &mr);
+    return (tv.access & need) && mr_check(m->mrs, w.rkey, true, tv.pd, need, w.remote_addr, n, &mr);
   };
   auto moved = [&](fabric::MoveStatus s) {
     return s == fabric::MoveStatus::ok          ? IBV_WC_SUCCESS
@@ -239,14 +272,27 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       if (len != 8 || src.n != 1) return done(IBV_WC_LOC_LEN_ERR);
       if (w.remote_addr & 7) return done(IBV_WC_REM_INV_REQ_ERR);
       if (!remote_ok(IBV_ACCESS_REMOTE_ATOMIC, 8)) return done(IBV_WC_REM_ACCESS_ERR);
-      uint64_t old = 0;
-      auto op = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? fabric::AtomicOp::cmp_swap
-                                                      : fabric::AtomicOp::fetch_add;
-      auto s =
-          fab.atomic(*peer, mr.window, va_of(mr, w.remote_addr), op, w.compare_add, w.swap, &old);
-      if (s != fabric::MoveStatus::ok) return done(moved(s));
-      memcpy(const_cast<uint8_t *>(src.ptr[0]), &old, 8);
-      return landed(*peer, 8);
+      // Executed by the target, atomic against its own CPU and every other
+      // initiator; the answer carries the old value.
+      AtomicRecord r{};
+      r.head.type = kRecAtomic;
+      r.head.qpn = dqpn;
+      r.head.psn = ++qp->next_psn;
+      r.src_qpn = qp->ibv->qp_num;
+      r.rkey = w.rkey;
+      r.addr = w.remote_addr;
+      r.compare_add = w.compare_add;
+      r.swap = w.swap;
+      r.op = w.opcode;
+      OutLink &l = *qp->link;
+      bool put;
+      {
+        std::lock_guard<SpinLock> g(l.req_mu);
+        put = lane_put(fab, *peer, l.requests, &r.head, sizeof r);
+      }
+      if (!put) return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0, 0};
+      fab.doorbell(*peer);
+      return {Outcome::sent, IBV_WC_SUCCESS, 0, 0, r.head.psn};
     }
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
@@ -343,6 +389,12 @@ void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len)
 // With sq_mu held: the QP fails; everything it holds completes flushed.
 void enter_error_locked(Qp *qp) {
   qp->sh->state.store(IBV_QPS_ERR, std::memory_order_release);
+  qp->ctx->node->push_qp(qp->idx);
+  while (!qp->sent.empty()) {
+    complete(qp, qp->sent.front(), IBV_WC_WR_FLUSH_ERR, 0);
+    qp->sent.pop_front();
+  }
+  qp->unanswered = 0;
   while (!qp->backlog.empty()) {
     complete(qp, qp->backlog.front(), IBV_WC_WR_FLUSH_ERR, 0);
     qp->backlog.pop_front();
@@ -353,12 +405,55 @@ void enter_error_locked(Qp *qp) {
   qp->errored = true;
 }
 
-// Applies one attempt's result to w (not in the backlog, or its front).
-enum class Settled { ok, failed, waits };
+// Completes the WRs at the front of Qp::sent that are done, in order; the
+// first that failed fails the QP. With sq_mu held.
+void drain_sent(Qp *qp) {
+  while (!qp->sent.empty() && qp->sent.front().done) {
+    SendWqe w = std::move(qp->sent.front());
+    qp->sent.pop_front();
+    complete(qp, w, w.status, w.byte_len);
+    if (w.status != IBV_WC_SUCCESS) {
+      enter_error_locked(qp);
+      return;
+    }
+  }
+}
+
+// Applies one attempt's result to w (not in the backlog, or its front): a
+// WR executed here completes at once unless WRs sent before it still wait
+// for their answers; then it waits behind them, done (Qp::sent).
+enum class Settled { ok, failed, waits, sent };
 Settled settle(Qp *qp, SendWqe &w, const Result &r) {
   if (r.outcome == Outcome::done) {
+    if (!qp->sent.empty()) {
+      w.done = true;
+      w.status = r.status;
+      w.byte_len = r.byte_len;
+      qp->sent.push_back(std::move(w));
+      return Settled::ok;
+    }
     complete(qp, w, r.status, r.byte_len);
     return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
+  }
+  if (r.outcome == Outcome::sent) {
+    w.psn = r.psn;
+    w.done = false;
+    w.deadline_ns = now_ns() + answer_wait_ns(qp);
+    qp->sent.push_back(std::move(w));
+    ++qp->unanswered;
+    return Settled::sent;
+  }
+  if (r.outcome == Outcome::busy) {
+    // The link comes up within a doorbell and a push; a peer that never
+    // answers fails the WR as an unanswered one would.
+    uint64_t now = now_ns();
+    if (!w.link_deadline_ns) w.link_deadline_ns = now + answer_wait_ns(qp);
+    if (now > w.link_deadline_ns) {
+      complete(qp, w, IBV_WC_RETRY_EXC_ERR, 0);
+      return Settled::failed;
+    }
+    w.not_before_ns = now + kLinkRetryNs;
+    return Settled::waits;
   }
   int &left = r.outcome == Outcome::rnr ? w.rnr_left : w.retry_left;
   if (left == 0) {
@@ -398,12 +493,18 @@ bool submit(Qp *qp, SendWqe &&w) {
   w.rnr_left = qp->attr.rnr_retry == 7 ? -1 : qp->attr.rnr_retry;
   w.retry_left = qp->attr.retry_cnt;
   w.not_before_ns = 0;
-  if (!qp->backlog.empty() || st != IBV_QPS_RTS) {
+  w.link_deadline_ns = 0;
+  // Behind a request not answered yet, a WR waits: the target executes a
+  // QP's requests in order, and this one could otherwise land first (a
+  // WRITE over the bytes of an atomic before it). The answer runs it.
+  if (!qp->backlog.empty() || st != IBV_QPS_RTS || qp->unanswered) {
     keep(qp, std::move(w));
-    return st == IBV_QPS_RTS;
+    return st == IBV_QPS_RTS && !qp->unanswered;
   }
   Settled r = settle(qp, w, execute(qp, w));
   if (r == Settled::failed) enter_error_locked(qp);
+  // The progress thread watches the answers' deadlines while any is due.
+  if (r == Settled::sent) return qp->sent.size() == 1;
   if (r != Settled::waits) return false;
   keep(qp, std::move(w));
   return true;
@@ -504,6 +605,11 @@ int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
   return 0;
 }
 
+namespace {
+uint64_t run_backlog(Qp *qp, uint64_t next);
+bool answer_locked(Qp *qp, const AnswerRecord &a);
+}  // namespace
+
 uint64_t progress_qp(Qp *qp) {
   std::lock_guard<SpinLock> g(qp->sq_mu);
   ibv_qp_state st = qp->state();
@@ -511,21 +617,101 @@ uint64_t progress_qp(Qp *qp) {
     enter_error_locked(qp);
     return 0;
   }
-  if (st != IBV_QPS_RTS) return 0;  // SQD, or reset: RTS schedules it again
-  while (!qp->backlog.empty()) {
+  // Answers that did not come in time, or never will (the target died).
+  uint64_t next = 0, now = now_ns();
+  bool gone = qp->peer && qp->peer->dead();
+  for (SendWqe &w : qp->sent) {
+    if (w.done) continue;
+    if (gone || now >= w.deadline_ns) {
+      w.done = true;
+      w.status = IBV_WC_RETRY_EXC_ERR;
+      w.byte_len = 0;
+      --qp->unanswered;
+    } else {
+      next = next ? std::min(next, w.deadline_ns) : w.deadline_ns;
+    }
+  }
+  drain_sent(qp);
+  if (qp->state() == IBV_QPS_ERR) return 0;
+  if (st != IBV_QPS_RTS) return next;  // SQD, or reset: RTS schedules it again
+  return run_backlog(qp, next);
+}
+
+namespace {
+// Executes the backlog's WRs that are due, in order, until one must wait
+// (its time, or an answer to a request before it). With sq_mu held, in RTS.
+// Returns when to look again (0: only an answer or a post will need it).
+uint64_t run_backlog(Qp *qp, uint64_t next) {
+  uint64_t now;
+  while (!qp->backlog.empty() && !qp->unanswered) {
     SendWqe &w = qp->backlog.front();
-    uint64_t now = now_ns();
-    if (w.not_before_ns > now) return w.not_before_ns;
+    now = now_ns();
+    if (w.not_before_ns > now) return next ? std::min(next, w.not_before_ns) : w.not_before_ns;
     Settled r = settle(qp, w, execute(qp, w));
-    if (r == Settled::waits) return w.not_before_ns;
+    if (r == Settled::waits) return next ? std::min(next, w.not_before_ns) : w.not_before_ns;
+    if (r == Settled::sent) {
+      const uint64_t d = qp->sent.back().deadline_ns;
+      next = next ? std::min(next, d) : d;
+    }
     qp->backlog.pop_front();
     if (r == Settled::failed) {
       enter_error_locked(qp);
       return 0;
     }
   }
-  return 0;
+  return next;
 }
+
+}  // namespace
+
+void qp_answer(Qp *qp, const AnswerRecord &a) {
+  bool kick = false;
+  {
+    std::lock_guard<SpinLock> g(qp->sq_mu);
+    kick = answer_locked(qp, a);
+  }
+  if (kick) qp->ctx->node->schedule(qp);
+}
+
+namespace {
+// With sq_mu held; returns whether the progress thread must look at the QP.
+bool answer_locked(Qp *qp, const AnswerRecord &a) {
+  auto it = std::find_if(qp->sent.begin(), qp->sent.end(),
+                         [&](const SendWqe &w) { return !w.done && w.psn == a.head.psn; });
+  if (it == qp->sent.end()) return false;  // flushed, or not ours
+  SendWqe &w = *it;
+  w.done = true;
+  w.byte_len = 0;
+  --qp->unanswered;
+  if (a.status == IBV_WC_SUCCESS) {
+    w.status = IBV_WC_SUCCESS;
+    if (is_atomic(*op_info(w.opcode))) {
+      // The old value lands in the WR's local buffer, checked again now.
+      MrShared mr;
+      const ibv_sge &d = w.sge[0];
+      if (w.num_sge == 1 && d.length == 8 &&
+          mr_check(qp->ctx->node->root()->mrs, d.lkey, false, qp->pd->id, IBV_ACCESS_LOCAL_WRITE,
+                   d.addr, 8, &mr)) {
+        memcpy(reinterpret_cast<void *>(va_of(mr, d.addr)), &a.value, 8);
+        w.byte_len = 8;
+      } else {
+        w.status = IBV_WC_LOC_PROT_ERR;
+      }
+    }
+  } else if (a.status == kAnswerRetry || a.status >= kWcStatuses) {
+    // The target QP was not there or not ready: as a request nobody answers.
+    w.status = IBV_WC_RETRY_EXC_ERR;
+  } else {
+    w.status = static_cast<ibv_wc_status>(a.status);
+  }
+  drain_sent(qp);
+  // WRs that waited for this answer go now; later deadlines are the
+  // progress thread's, which watches the QP while requests are out.
+  if (qp->state() == IBV_QPS_RTS && !qp->backlog.empty() && !qp->unanswered)
+    return run_backlog(qp, 0) != 0;
+  return false;
+}
+}  // namespace
 
 void qp_enter_error(Qp *qp) {
   std::lock_guard<SpinLock> g(qp->sq_mu);

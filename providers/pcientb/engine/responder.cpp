@@ -18,7 +18,7 @@ bool receive_room(AreaRoot *root, uint32_t pd, const ibv_sge *sge, uint32_t n, M
   for (uint32_t i = 0; i < n; ++i) {
     const ibv_sge &g = sge[i];
     if (g.length &&
-        !mr_check(root, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length, &mrs[i]))
+        !mr_check(root->mrs, g.lkey, false, pd, IBV_ACCESS_LOCAL_WRITE, g.addr, g.length, &mrs[i]))
       return false;
     *room += g.length;
   }
@@ -172,13 +172,13 @@ Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, R
 
 // ---- memory checks -------------------------------------------------------------
 
-bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need, uint64_t addr,
-              uint64_t len, MrShared *out) {
+bool mr_check(const MrShared *table, uint32_t key, bool remote, uint32_t pd, uint32_t need,
+              uint64_t addr, uint64_t len, MrShared *out) {
   if (remote != ((key & kRkeyBit) != 0)) return false;
   uint32_t want = key & ~kRkeyBit;
   uint32_t idx = want >> 8;
   if (idx == 0 || idx >= kMaxMrs) return false;
-  MrShared &e = root->mrs[idx];
+  const MrShared &e = table[idx];
   if (e.key.load(std::memory_order_acquire) != want) return false;
   out->pd = e.pd;
   out->access = e.access;
@@ -186,10 +186,28 @@ bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t n
   out->va = e.va;
   out->length = e.length;
   out->window = e.window;
-  // A deregistration in between changes the key: then nothing read counts.
-  if (e.key.load(std::memory_order_acquire) != want) return false;
+  // A change in between sets the key to 0 first: then nothing read counts.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (e.key.load(std::memory_order_relaxed) != want) return false;
   if (out->pd != pd || (out->access & need) != need) return false;
   return addr >= out->addr && len <= out->length && addr - out->addr <= out->length - len;
+}
+
+bool read_qp(const QpMirror &m, QpView *out) {
+  for (int tries = 0; tries < 1000; ++tries) {
+    uint32_t seq = m.seq.load(std::memory_order_acquire);
+    if (seq & 1) continue;  // a push is landing
+    out->qpn = m.qpn.load(std::memory_order_relaxed);
+    out->state = m.state.load(std::memory_order_relaxed);
+    out->type = m.type.load(std::memory_order_relaxed);
+    out->pd = m.pd.load(std::memory_order_relaxed);
+    out->access = m.access.load(std::memory_order_relaxed);
+    out->dest_qpn = m.dest_qpn.load(std::memory_order_relaxed);
+    out->dest_lid = m.dest_lid.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (m.seq.load(std::memory_order_relaxed) == seq) return true;
+  }
+  return false;
 }
 
 // ---- delivery -------------------------------------------------------------------
@@ -326,6 +344,48 @@ void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
     wc.qp_num = target->qpn.load(std::memory_order_relaxed);
     complete_to(fab, peer, target, rcq, wc, true);  // target is in ERR: an overrun drops it
   }
+}
+
+// ---- requests from linked peers ---------------------------------------------
+
+void serve_request(Node &node, uint16_t from, const RecordHead &h, AnswerRecord *answer) {
+  answer->head.type = kRecAnswer;
+  answer->head.psn = h.psn;
+  answer->status = IBV_WC_REM_INV_REQ_ERR;
+  if (h.type != kRecAtomic || h.cells != 1) return;  // unknown: the requester hears nothing
+  AtomicRecord r;
+  memcpy(static_cast<void *>(&r), &h, sizeof r);
+  answer->head.qpn = r.src_qpn;
+  // The target QP, as on an HCA: there, connected to the requester, ready.
+  AreaRoot *root = node.root();
+  const QpShared &q = root->qps[r.head.qpn & (kMaxQps - 1)];
+  uint32_t st = q.state.load(std::memory_order_acquire);
+  if (q.qpn.load(std::memory_order_acquire) != r.head.qpn || q.type != IBV_QPT_RC ||
+      (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) || q.dest_lid != from ||
+      q.dest_qpn != r.src_qpn) {
+    answer->status = kAnswerRetry;
+    return;
+  }
+  MrShared mr;
+  if (!(q.access & IBV_ACCESS_REMOTE_ATOMIC) ||
+      !mr_check(root->mrs, r.rkey, true, q.pd, IBV_ACCESS_REMOTE_ATOMIC, r.addr, 8, &mr)) {
+    answer->status = IBV_WC_REM_ACCESS_ERR;
+    return;
+  }
+  if (r.addr & 7) return;  // REM_INV_REQ_ERR
+  // This node's own memory: atomic against its CPU and every initiator,
+  // which all come here.
+  auto *at = reinterpret_cast<uint64_t *>(va_of(mr, r.addr));
+  if (r.op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    answer->value = __atomic_fetch_add(at, r.compare_add, __ATOMIC_SEQ_CST);
+  } else if (r.op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    uint64_t expected = r.compare_add;
+    __atomic_compare_exchange_n(at, &expected, r.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    answer->value = expected;
+  } else {
+    return;  // REM_INV_REQ_ERR
+  }
+  answer->status = IBV_WC_SUCCESS;
 }
 
 }  // namespace pcientb::engine

@@ -48,10 +48,18 @@ Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, R
 // Completes every WQE left on a QP's own receive queue with a flush error.
 void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target);
 
-// Whether key names a live MR of `pd` in `root` that grants `need` over
-// [addr, addr+len); copies the entry to *out.
-bool mr_check(AreaRoot *root, uint32_t key, bool remote, uint32_t pd, uint32_t need, uint64_t addr,
-              uint64_t len, MrShared *out);
+// Whether key names a live MR of `pd` in `table` (a node's own, or its
+// mirror of a peer's) that grants `need` over [addr, addr+len); copies the
+// entry to *out.
+bool mr_check(const MrShared *table, uint32_t key, bool remote, uint32_t pd, uint32_t need,
+              uint64_t addr, uint64_t len, MrShared *out);
+
+// A consistent copy of a mirrored QP entry; false when none could be taken
+// (the owner died in the middle of a push).
+struct QpView {
+  uint32_t qpn, state, type, pd, access, dest_qpn, dest_lid;
+};
+bool read_qp(const QpMirror &m, QpView *out);
 
 // Places `len` bytes from src into the receive r of `peer`, after `skip`
 // bytes (the GRH of UD). Returns the responder's status.

@@ -24,8 +24,6 @@ struct WindowId {
   uint32_t gen = 0;
 };
 
-enum class AtomicOp { fetch_add, cmp_swap };
-
 class Peer {
  public:
   virtual ~Peer() = default;
@@ -96,12 +94,31 @@ class Fabric {
   // peer's window. Bounds and rights are the engine's to check beforehand.
   virtual MoveStatus write(Peer &peer, WindowId w, uint64_t raddr, const void *src, size_t len) = 0;
   virtual MoveStatus read(Peer &peer, WindowId w, uint64_t raddr, void *dst, size_t len) = 0;
-  virtual MoveStatus atomic(Peer &peer, WindowId w, uint64_t raddr, AtomicOp op, uint64_t a,
-                            uint64_t b, uint64_t *old) = 0;
 
   // Doorbell: deliver a small record to a descriptor of the peer (completion
   // channel, async events). fd and ino name it as the owner published them.
   virtual int ring(Peer &peer, int fd, uint64_t ino, const void *rec, size_t len) = 0;
+
+  // --- the control path of the transport contract (docs/transport.md) ---
+  // A posted write of [src, src+len) to [off, off+len) of the peer's area:
+  // what a node may do to a peer's control memory (it never loads from it,
+  // nor read-modify-writes it). Posts of one thread land in the order they
+  // were made (each post's release orders it after the ones before); the
+  // words of one post land in any order, aligned 8-byte words whole.
+  // EFAULT: the range is not in the peer's area.
+  virtual int post(Peer &peer, size_t off, const void *src, size_t len) = 0;
+  // Rings the peer's node doorbell: its doorbell_fd() becomes readable,
+  // unless the peer masked it (it polls: see polling()) and the ring is
+  // maskable (a link's setup is not: the peer serves it from its doorbell).
+  virtual void doorbell(Peer &peer, bool maskable = true) = 0;
+  // A thread of this node polls for what peers post: they may leave the
+  // doorbell alone until quiet_until_ns() (CLOCK_MONOTONIC; 0 or past: they
+  // ring). The node's progress thread looks at its lanes by then itself.
+  virtual void polling() = 0;
+  virtual uint64_t quiet_until_ns() = 0;
+  // Readable while this node's doorbell has rung since clear_doorbell().
+  virtual int doorbell_fd() = 0;
+  virtual void clear_doorbell() = 0;
 };
 
 // A fabric seen from outside, for management tools (pcientb-stat): its nodes

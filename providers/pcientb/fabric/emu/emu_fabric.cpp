@@ -115,8 +115,14 @@ struct SegHeader {
   // The robust-list entry of the life thread; the kernel finds the word at
   // entry + (offsetof(life) - offsetof(life_entry)).
   robust_list life_entry;
-  std::atomic<uint32_t> life;              // the life thread's tid while the node lives
-  std::atomic<uint32_t> copy_atomic_lock;  // serialises atomics on kCopy windows
+  std::atomic<uint32_t> life;  // the life thread's tid while the node lives
+  uint32_t pad3;
+  // The node's doorbell mask, as an NT port's: peers need not ring before
+  // this time (CLOCK_MONOTONIC ns) because a thread of the node polls.
+  std::atomic<uint64_t> quiet_until;
+  int32_t bell_fd;   // the node doorbell: a pipe's write end, of the owner
+  int32_t bell_rfd;  // its read end
+  uint64_t bell_ino;
   WindowEntry windows[kMaxWindows];
   ChunkEntry chunks[kMaxChunks];
 };
@@ -135,6 +141,13 @@ uint32_t fabric_layout(uint32_t engine) {
   return h ? h : 1;  // 0 is "unknown" (an older build's table)
 }
 constexpr size_t kSegSize = kHeaderSize + kAreaSize;
+constexpr uint64_t kQuietNs = 1000000;  // how long a poll masks the doorbell
+
+uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
 
 // -1 where the kernel (or valgrind, which does not know the call) has no
 // pidfds: the node then learns of a peer's death from its life word alone.
@@ -398,6 +411,8 @@ class EmuPeer final : public Peer {
   // Local address of a peer's window range, nullptr if it is not mapped.
   uint8_t *translate(const WindowEntry &w, uint64_t raddr, size_t len, size_t *run);
   int doorbell_fd(int fd, uint64_t ino);
+  // The write end of the peer's node doorbell, -1 if it cannot be had.
+  int bell();
 
   bool self = false;
   pid_t pid = 0;
@@ -418,6 +433,10 @@ class EmuPeer final : public Peer {
   std::unique_ptr<std::atomic<const Mapping *>[]> cache_;
   std::vector<std::unique_ptr<Mapping>> mappings_;  // kept mapped until the peer goes
   std::map<std::pair<int, uint64_t>, int> doorbells_;
+  // The peer's doorbell pipe, both ends: holding a reader, a write never
+  // raises SIGPIPE when the peer has gone.
+  std::atomic<int> bell_w_{-1};
+  int bell_r_ = -1;
 };
 
 class EmuFabric final : public Fabric {
@@ -445,9 +464,23 @@ class EmuFabric final : public Fabric {
   void unexpose(WindowId id) override;
   MoveStatus write(Peer &p, WindowId w, uint64_t raddr, const void *src, size_t len) override;
   MoveStatus read(Peer &p, WindowId w, uint64_t raddr, void *dst, size_t len) override;
-  MoveStatus atomic(Peer &p, WindowId w, uint64_t raddr, AtomicOp op, uint64_t a, uint64_t b,
-                    uint64_t *old) override;
   int ring(Peer &p, int fd, uint64_t ino, const void *rec, size_t len) override;
+  int post(Peer &p, size_t off, const void *src, size_t len) override;
+  void doorbell(Peer &p, bool maskable) override;
+  void polling() override {
+    // Every 64th poll of a thread moves the mask on (a clock read each time
+    // would cost a poll loop 20 ns); one that polls now and then gets rung.
+    thread_local uint32_t polls = 0;
+    if (++polls % 64) return;
+    hdr_->quiet_until.store(mono_ns() + kQuietNs, std::memory_order_relaxed);
+  }
+  uint64_t quiet_until_ns() override { return hdr_->quiet_until.load(std::memory_order_relaxed); }
+  int doorbell_fd() override { return bell_rfd_; }
+  void clear_doorbell() override {
+    char v[64];
+    while (syscall(SYS_read, bell_rfd_, v, sizeof v) > 0) {
+    }
+  }
 
  private:
   template <typename Fn>
@@ -470,6 +503,9 @@ class EmuFabric final : public Fabric {
   int table_fd_ = -1;
   TableFile *table_ = nullptr;
   int seg_fd_ = -1;
+  // A pipe, not an eventfd: a peer without pidfd_getfd (valgrind) opens the
+  // write end through /proc, which an anonymous inode refuses.
+  int bell_rfd_ = -1, bell_fd_ = -1;
   SegHeader *hdr_ = nullptr;
   uint16_t lid_ = 0;
   uint64_t nonce_ = 0;
@@ -571,6 +607,13 @@ int EmuFabric::join(const char *name, uint32_t layout) {
   hdr_->magic = kSegMagic;
   hdr_->nonce = nonce_;
   hdr_->pid = getpid();
+  int bell[2];
+  if (pipe2(bell, O_CLOEXEC | O_NONBLOCK)) return errno;
+  bell_rfd_ = bell[0];
+  bell_fd_ = bell[1];
+  hdr_->bell_fd = bell_fd_;
+  hdr_->bell_rfd = bell_rfd_;
+  hdr_->bell_ino = fd_ino(bell_fd_);
   if (int e = start_life()) return e;
 
   for (uint32_t i = 0; i < kMaxNodes; ++i) {
@@ -606,6 +649,8 @@ EmuFabric::~EmuFabric() {
   if (pagemap_fd_ >= 0) close(pagemap_fd_);
   if (hdr_) kernel::munmap(hdr_, kSegSize);
   if (seg_fd_ >= 0) close(seg_fd_);
+  if (bell_fd_ >= 0) close(bell_fd_);
+  if (bell_rfd_ >= 0) close(bell_rfd_);
   if (table_) kernel::munmap(table_, sizeof(TableFile));
   if (table_fd_ >= 0) close(table_fd_);
 }
@@ -614,6 +659,8 @@ EmuFabric::~EmuFabric() {
 
 EmuPeer::~EmuPeer() {
   for (auto &[key, fd] : doorbells_) close(fd);
+  if (bell_w_ >= 0) close(bell_w_);
+  if (bell_r_ >= 0) close(bell_r_);
   for (auto &m : mappings_) kernel::munmap(m->base, m->size);
   if (!self && hdr) kernel::munmap(hdr, seg_size);
   if (pidfd >= 0) close(pidfd);
@@ -711,6 +758,24 @@ int EmuPeer::doorbell_fd(int fd, uint64_t ino) {
   }
   doorbells_[{fd, ino}] = local;
   return local;
+}
+
+int EmuPeer::bell() {
+  int w = bell_w_.load(std::memory_order_acquire);
+  if (w >= 0 || self) return w;
+  std::lock_guard<std::mutex> g(mu_);
+  if ((w = bell_w_.load(std::memory_order_relaxed)) >= 0) return w;
+  int r = peer_fd(pid, pidfd, hdr->bell_rfd, O_RDONLY | O_NONBLOCK);
+  if (r < 0) return -1;
+  w = peer_fd(pid, pidfd, hdr->bell_fd, O_WRONLY | O_NONBLOCK);
+  if (w < 0 || fd_ino(w) != hdr->bell_ino || fd_ino(r) != hdr->bell_ino) {
+    close(r);
+    if (w >= 0) close(w);
+    return -1;
+  }
+  bell_r_ = r;
+  bell_w_.store(w, std::memory_order_release);
+  return w;
 }
 
 Peer *EmuFabric::peer(uint16_t lid) {
@@ -1044,39 +1109,6 @@ MoveStatus EmuFabric::read(Peer &pp, WindowId w, uint64_t raddr, void *dst, size
   });
 }
 
-MoveStatus EmuFabric::atomic(Peer &pp, WindowId w, uint64_t raddr, AtomicOp op, uint64_t a,
-                             uint64_t b, uint64_t *old) {
-  auto &p = static_cast<EmuPeer &>(pp);
-  auto apply = [&](uint64_t *target) {
-    if (op == AtomicOp::fetch_add) {
-      *old = __atomic_fetch_add(target, a, __ATOMIC_SEQ_CST);
-    } else {
-      uint64_t expected = a;
-      __atomic_compare_exchange_n(target, &expected, b, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-      *old = expected;
-    }
-  };
-  return move(p, w, raddr, 8, [&](uint8_t *at, uint64_t, size_t n) {
-    if (at && n == 8) {
-      apply(reinterpret_cast<uint64_t *>(at));
-      return MoveStatus::ok;
-    }
-    // Not directly reachable: read-modify-write under the owner's atomic lock,
-    // atomic with respect to every other atomic through the fabric.
-    auto &lock = p.hdr->copy_atomic_lock;
-    while (lock.exchange(1, std::memory_order_acquire)) sched_yield();
-    uint64_t v;
-    MoveStatus s = copy_move(p, raddr, &v, 8, false);
-    if (s == MoveStatus::ok) {
-      *old = v;
-      uint64_t nv = op == AtomicOp::fetch_add ? v + a : (v == a ? b : v);
-      s = copy_move(p, raddr, &nv, 8, true);
-    }
-    lock.store(0, std::memory_order_release);
-    return s;
-  });
-}
-
 int EmuFabric::ring(Peer &pp, int fd, uint64_t ino, const void *rec, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   int local = p.doorbell_fd(fd, ino);
@@ -1085,6 +1117,43 @@ int EmuFabric::ring(Peer &pp, int fd, uint64_t ino, const void *rec, size_t len)
   // doorbell per SEND should not pay for that (~12 ns of an 8 B SEND's latency).
   ssize_t n = syscall(SYS_write, local, rec, len);
   return n == static_cast<ssize_t>(len) ? 0 : errno;
+}
+
+int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
+  auto &p = static_cast<EmuPeer &>(pp);
+  if (off > kAreaSize || len > kAreaSize - off) return EFAULT;
+  auto *dst = static_cast<uint8_t *>(p.area()) + off;
+  auto *from = static_cast<const uint8_t *>(src);
+  std::atomic_thread_fence(std::memory_order_release);
+  // Aligned words are stored whole: they are what a reader checks.
+  size_t i = 0;
+  if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0)
+    for (; i + 8 <= len; i += 8) {
+      uint64_t v;
+      memcpy(&v, from + i, 8);
+      __atomic_store_n(reinterpret_cast<uint64_t *>(dst + i), v, __ATOMIC_RELAXED);
+    }
+  if ((reinterpret_cast<uintptr_t>(dst + i) & 3) == 0 && i + 4 <= len) {
+    uint32_t v;
+    memcpy(&v, from + i, 4);
+    __atomic_store_n(reinterpret_cast<uint32_t *>(dst + i), v, __ATOMIC_RELAXED);
+    i += 4;
+  }
+  for (; i < len; ++i) __atomic_store_n(dst + i, from[i], __ATOMIC_RELAXED);
+  return 0;
+}
+
+void EmuFabric::doorbell(Peer &pp, bool maskable) {
+  auto &p = static_cast<EmuPeer &>(pp);
+  // Pairs with the progress thread of the peer, which reads its lanes after
+  // its mask ran out: either it sees what was posted or we see no mask.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (maskable && p.hdr->quiet_until.load(std::memory_order_relaxed) > mono_ns()) return;
+  int fd = p.self ? bell_fd_ : p.bell();
+  char one = 1;
+  if (fd >= 0 && syscall(SYS_write, fd, &one, 1) < 0) {
+    // Full: it has rung already.
+  }
 }
 
 }  // namespace

@@ -1,0 +1,181 @@
+// Links: an initiator checks rkeys and the target QP against a mirror of the
+// target's tables that the target pushes into the initiator's memory
+// (docs/transport.md). It never reads the target's tables, so the target
+// must take part once, when the link comes up, and every change it makes
+// reaches the mirror before its verb returns.
+#include <signal.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "verbs_helpers.hpp"
+
+namespace pcientb::test {
+namespace {
+
+// Whether process `pid` is stopped (state T in /proc/<pid>/stat).
+bool stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  auto paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+}
+
+// Waits (10 s at most) for process `pid` to stop itself; whether it did.
+bool wait_stopped(pid_t pid) {
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!stopped(pid) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  return stopped(pid);
+}
+
+// The target stops (SIGSTOP) before the initiator connects: nothing serves
+// the initiator's ask, so its first WRITE waits for the link and fails as an
+// unanswered WR after timeout x (retry_cnt + 1). A transport that read the
+// target's tables itself would have completed it. Continued, the target
+// serves the ask late, and a new QP of the initiator uses the link at once.
+TEST(Link, TheFirstWrWaitsForTheTargetAndFailsWhenItNeverTakesPart) {
+  RcOptions options;
+  options.params.timeout = 8;  // ~1 ms
+  options.params.retry_cnt = 2;
+  two_process(
+      [&](Channel &ch) {  // the target
+        RcEnd b(options);
+        Endpoint local = b.local();
+        b.rc.remote = ch.exchange(local);
+        rc_init_to_rts(b.qp(), local, b.rc.remote, options.params);
+        ch.signal();
+        raise(SIGSTOP);  // the initiator continues us
+        RcQp second(b.node, options);
+        Endpoint mine = second.endpoint(b.node, b.buf);
+        second.remote = ch.exchange(mine);
+        rc_init_to_rts(second.qp.get(), mine, second.remote, options.params);
+        ch.barrier();
+        ch.wait();  // the initiator wrote through the second QP
+        EXPECT_TRUE(has_pattern(b.buf.span(0, 64), 7));
+      },
+      [&](Channel &ch) {  // the initiator
+        RcEnd a(options);
+        Endpoint local = a.local();
+        a.rc.remote = ch.exchange(local);
+        ch.wait();
+        const pid_t target = ch.peer_pid();
+        ASSERT_TRUE(wait_stopped(target));
+        rc_init_to_rts(a.qp(), local, a.rc.remote, options.params);
+        fill_pattern(a.buf.span(0, 64), 7);
+        auto posted = std::chrono::steady_clock::now();
+        ASSERT_EQ(0, a.post_write(1, 0, 64, 0));
+        ibv_wc wc = a.wait_wc(10s);
+        EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+        EXPECT_GE(std::chrono::steady_clock::now() - posted, 3ms);  // 3 x ~1 ms waited
+        kill(target, SIGCONT);
+
+        RcQp second(a.node, options);
+        Endpoint mine = second.endpoint(a.node, a.buf);
+        second.remote = ch.exchange(mine);
+        rc_init_to_rts(second.qp.get(), mine, second.remote, options.params);
+        ch.barrier();
+        ASSERT_EQ(0, SendWr(IBV_WR_RDMA_WRITE, 2)
+                         .sge(a.buf.sge(0, 64))
+                         .remote(second.remote.addr, second.remote.rkey)
+                         .post(second.qp.get()));
+        EXPECT_EQ(wait_wc(second.cq.get()).status, IBV_WC_SUCCESS);
+        ch.signal();
+      });
+}
+
+// MRs registered and deregistered after the link is up reach the
+// initiator's mirror before the target's verb returns: each new MR is
+// written at once, and access taken away by a re-registration is refused.
+TEST(Link, MrChangesReachTheMirrorBeforeTheVerbReturns) {
+  constexpr int kRounds = 20;
+  struct Mr {
+    uint64_t addr;
+    uint32_t rkey;
+  };
+  two_process(
+      [](Channel &ch) {  // the initiator
+        RcEnd a;
+        a.connect(ch);
+        for (int round = 0; round <= kRounds; ++round) {
+          auto [addr, rkey] = ch.recv<Mr>();
+          fill_pattern(a.buf.span(0, 256), round);
+          ASSERT_EQ(
+              0, SendWr(IBV_WR_RDMA_WRITE, 1).sge(a.sge(0, 256)).remote(addr, rkey).post(a.qp()));
+          ibv_wc wc = a.wait_wc();
+          if (round < kRounds) {
+            ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "round " << round;
+            ch.barrier();  // the target checks the bytes and deregisters
+          } else {
+            EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << "after re-registration";
+            ch.signal();
+          }
+        }
+      },
+      [](Channel &ch) {  // the target
+        RcEnd b;
+        b.connect(ch);
+        std::vector<uint8_t> mem(4096);
+        for (int round = 0; round <= kRounds; ++round) {
+          ibv_mr *mr = ibv_reg_mr(b.node.pd.get(), mem.data(), mem.size(), kAllAccess);
+          ASSERT_NE(mr, nullptr);
+          if (round == kRounds) {  // remote write taken away before the key is sent
+            ASSERT_EQ(0, ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+          }
+          ch.send(Mr{reinterpret_cast<uint64_t>(mem.data()), mr->rkey});
+          if (round < kRounds) {
+            ch.barrier();
+            EXPECT_TRUE(has_pattern(std::span<const uint8_t>(mem.data(), 256), round));
+          } else {
+            ch.wait();
+          }
+          EXPECT_EQ(0, ibv_dereg_mr(mr));
+        }
+      });
+}
+
+// An atomic runs at the target, on its own memory, so it is atomic against
+// the target's CPU and every initiator: a stopped target answers nothing
+// until it is continued (a CAS through the window would have completed).
+TEST(Link, AnAtomicIsExecutedByTheTarget) {
+  two_process(
+      [](Channel &ch) {  // the target
+        RcEnd b;
+        uint64_t *word = reinterpret_cast<uint64_t *>(b.buf.at(0));
+        *word = 40;
+        b.connect(ch);
+        ch.wait();  // the link is up
+        raise(SIGSTOP);
+        ch.wait();
+        EXPECT_EQ(*word, 42u);
+      },
+      [](Channel &ch) {  // the initiator
+        RcEnd a;
+        a.connect(ch);
+        ASSERT_EQ(0, a.post_write(1, 64, 8, 64));
+        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        ch.signal();
+        const pid_t target = ch.peer_pid();
+        ASSERT_TRUE(wait_stopped(target));
+        ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 2)
+                         .sge(a.sge(0, 8))
+                         .remote(a.raddr(0), a.rkey())
+                         .compare_add(2)
+                         .post(a.qp()));
+        EXPECT_TRUE(stays_empty(a.cq(), 50ms)) << "completed with the target stopped";
+        kill(target, SIGCONT);
+        ibv_wc wc = a.wait_wc();
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        uint64_t old;
+        memcpy(&old, a.buf.at(0), 8);
+        EXPECT_EQ(old, 40u);
+        ch.signal();
+      });
+}
+
+}  // namespace
+}  // namespace pcientb::test
