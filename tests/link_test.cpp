@@ -177,5 +177,42 @@ TEST(Link, AnAtomicIsExecutedByTheTarget) {
       });
 }
 
+// A request in flight when its target dies fails within the timeout (the
+// death is seen, not waited out): the target stops with an atomic in its
+// lane, then is killed; the atomic and the WR behind it complete in error.
+TEST(Link, ARequestInFlightFailsWhenItsTargetDies) {
+  two_process(
+      [](Channel &ch) {  // the initiator
+        RcEnd a;
+        a.connect(ch);
+        ASSERT_EQ(0, a.post_write(1, 64, 8, 64));
+        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);  // the link is up
+        ch.signal();
+        ASSERT_TRUE(wait_stopped(ch.peer_pid()));
+        ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 2)
+                         .sge(a.sge(0, 8))
+                         .remote(a.raddr(0), a.rkey())
+                         .compare_add(1)
+                         .post(a.qp()));
+        ASSERT_EQ(0, a.post_write(3, 64, 8, 64));  // waits behind the atomic
+        EXPECT_TRUE(stays_empty(a.cq(), 50ms));
+        auto killed = std::chrono::steady_clock::now();
+        ch.kill_peer();
+        ibv_wc wc = a.wait_wc(5s);
+        EXPECT_EQ(wc.wr_id, 2u);
+        EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+        EXPECT_LT(std::chrono::steady_clock::now() - killed, 1s);  // not the answer's deadline
+        wc = a.wait_wc(5s);
+        EXPECT_EQ(wc.wr_id, 3u);
+        EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+      },
+      [](Channel &ch) {  // the target
+        RcEnd b;
+        b.connect(ch);
+        ch.wait();
+        raise(SIGSTOP);  // killed while stopped
+      });
+}
+
 }  // namespace
 }  // namespace pcientb::test

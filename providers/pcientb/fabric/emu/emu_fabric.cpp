@@ -470,7 +470,8 @@ class EmuFabric final : public Fabric {
   void polling() override {
     // Every 64th poll of a thread moves the mask on (a clock read each time
     // would cost a poll loop 20 ns); one that polls now and then gets rung.
-    thread_local uint32_t polls = 0;
+    // initial-exec: no __tls_get_addr call in a poll loop (the provider is dlopen'd).
+    static thread_local uint32_t polls __attribute__((tls_model("initial-exec"))) = 0;
     if (++polls % 64) return;
     hdr_->quiet_until.store(mono_ns() + kQuietNs, std::memory_order_relaxed);
   }
