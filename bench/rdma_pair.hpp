@@ -63,6 +63,10 @@ class RdmaPair {
 
   const std::string &error() const { return err_; }
   uint32_t max_inline() const;
+  // The fabric work this (initiating) process has done so far, as pcientb_query_work() counts
+  // it: posts, post bytes, doorbells, DMA writes, their bytes, DMA reads, their bytes. False
+  // when the provider does not offer it.
+  bool work(uint64_t out[7]);
 
   struct Endpoint;
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <thread>
 
+#include <pcientb/pcientb.h>
+
 #include "verbs_helpers.hpp"
 
 namespace pcientb::test {
@@ -211,6 +213,61 @@ TEST(Link, ARequestInFlightFailsWhenItsTargetDies) {
         b.connect(ch);
         ch.wait();
         raise(SIGSTOP);  // killed while stopped
+      });
+}
+
+// pcientb_query_work counts what the fabric did for each operation: a WRITE
+// and a READ are one DMA descriptor each, with their bytes and no post; an
+// atomic is posts into the target's lane and no DMA.
+TEST(Link, TheFabricWorkOfEachOperationIsCounted) {
+  two_process(
+      [](Channel &ch) {  // the initiator
+        RcEnd a;
+        a.connect(ch);
+        ASSERT_EQ(0, a.post_write(1, 0, 8, 0));
+        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        ch.barrier();  // both links are up: nothing else moves now
+        auto work = [&] {
+          pcientb_work w{};
+          EXPECT_EQ(0, pcientb_query_work(a.node.ctx.get(), &w));
+          return w;
+        };
+        pcientb_work w0 = work();
+        ASSERT_EQ(0, a.post_write(2, 0, 4096, 0));
+        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        pcientb_work w1 = work();
+        EXPECT_EQ(w1.dma_writes - w0.dma_writes, 1u);
+        EXPECT_EQ(w1.dma_write_bytes - w0.dma_write_bytes, 4096u);
+        EXPECT_EQ(w1.posts, w0.posts);
+        ASSERT_EQ(0, a.post_read(3, 0, 4096, 8192));
+        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        pcientb_work w2 = work();
+        EXPECT_EQ(w2.dma_reads - w1.dma_reads, 1u);
+        EXPECT_EQ(w2.dma_read_bytes - w1.dma_read_bytes, 4096u);
+        EXPECT_EQ(w2.posts, w1.posts);
+        ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 4)
+                         .sge(a.sge(0, 8))
+                         .remote(a.raddr(0), a.rkey())
+                         .compare_add(1)
+                         .post(a.qp()));
+        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        pcientb_work w3 = work();
+        EXPECT_GE(w3.posts - w2.posts, 1u);
+        EXPECT_GE(w3.post_bytes - w2.post_bytes,
+                  32u);  // the request: target, rkey, address, values
+        EXPECT_EQ(w3.dma_writes, w2.dma_writes);
+        EXPECT_EQ(w3.dma_reads, w2.dma_reads);
+        pcientb_work none{};
+        EXPECT_EQ(EINVAL, pcientb_query_work(nullptr, &none));
+        ch.signal();
+      },
+      [](Channel &ch) {  // the target
+        RcEnd b;
+        b.connect(ch);
+        ASSERT_EQ(0, b.post_write(1, 0, 8, 0));
+        ASSERT_EQ(b.wait_wc().status, IBV_WC_SUCCESS);
+        ch.barrier();
+        ch.wait();
       });
 }
 

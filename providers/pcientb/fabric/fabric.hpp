@@ -52,6 +52,17 @@ class Peer {
   uint32_t life_value_ = 0;
 };
 
+// The PCIe-level work a process did through its fabric, the input of a
+// hardware timing model: posted writes to peers' control memory (boxes,
+// mirrors, lanes), node doorbells rung, and one-sided moves of the DMA role
+// (a descriptor per contiguous piece).
+struct Work {
+  uint64_t posts = 0, post_bytes = 0;
+  uint64_t doorbells = 0;
+  uint64_t dma_writes = 0, dma_write_bytes = 0;
+  uint64_t dma_reads = 0, dma_read_bytes = 0;
+};
+
 // Status of a data movement: ok, the window is not (or no longer) there, or
 // the peer is gone.
 enum class MoveStatus { ok, bad_window, peer_dead };
@@ -116,6 +127,8 @@ class Fabric {
   // ring). The node's progress thread looks at its lanes by then itself.
   virtual void polling() = 0;
   virtual uint64_t quiet_until_ns() = 0;
+  // What this process has done through the fabric so far.
+  virtual Work work() const = 0;
   // Readable while this node's doorbell has rung since clear_doorbell().
   virtual int doorbell_fd() = 0;
   virtual void clear_doorbell() = 0;

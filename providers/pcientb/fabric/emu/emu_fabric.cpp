@@ -143,6 +143,45 @@ uint32_t fabric_layout(uint32_t engine) {
 constexpr size_t kSegSize = kHeaderSize + kAreaSize;
 constexpr uint64_t kQuietNs = 1000000;  // how long a poll masks the doorbell
 
+// Work counts, per thread (no locked instruction on the data path), summed
+// when asked; a thread's slot outlives it.
+enum WorkKind {
+  kPosts,
+  kPostBytes,
+  kDoorbells,
+  kDmaWrites,
+  kDmaWriteBytes,
+  kDmaReads,
+  kDmaReadBytes
+};
+constexpr int kWorkKinds = kDmaReadBytes + 1;
+struct WorkSlot {
+  std::atomic<uint64_t> v[kWorkKinds] = {};
+};
+// Never destroyed: threads may count while the process exits, and a leak
+// checker sees the slots reachable.
+std::mutex &work_mu = *new std::mutex;
+std::vector<WorkSlot *> &work_slots = *new std::vector<WorkSlot *>;
+
+void count(WorkKind k, uint64_t n) {
+  static thread_local WorkSlot *slot __attribute__((tls_model("initial-exec"))) = nullptr;
+  if (!slot) {
+    slot = new WorkSlot;
+    std::lock_guard<std::mutex> g(work_mu);
+    work_slots.push_back(slot);
+  }
+  slot->v[k].store(slot->v[k].load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+Work work_done() {
+  uint64_t v[kWorkKinds] = {};
+  std::lock_guard<std::mutex> g(work_mu);
+  for (const WorkSlot *s : work_slots)
+    for (int k = 0; k < kWorkKinds; ++k) v[k] += s->v[k].load(std::memory_order_relaxed);
+  return Work{v[kPosts],         v[kPostBytes], v[kDoorbells],   v[kDmaWrites],
+              v[kDmaWriteBytes], v[kDmaReads],  v[kDmaReadBytes]};
+}
+
 uint64_t mono_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -476,6 +515,7 @@ class EmuFabric final : public Fabric {
     hdr_->quiet_until.store(mono_ns() + kQuietNs, std::memory_order_relaxed);
   }
   uint64_t quiet_until_ns() override { return hdr_->quiet_until.load(std::memory_order_relaxed); }
+  Work work() const override { return work_done(); }
   int doorbell_fd() override { return bell_rfd_; }
   void clear_doorbell() override {
     char v[64];
@@ -1091,6 +1131,8 @@ MoveStatus EmuFabric::move(EmuPeer &p, WindowId w, uint64_t raddr, size_t len, F
 MoveStatus EmuFabric::write(Peer &pp, WindowId w, uint64_t raddr, const void *src, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (len == 0) return MoveStatus::ok;
+  count(kDmaWrites, 1);
+  count(kDmaWriteBytes, len);
   auto *s = static_cast<const uint8_t *>(src);
   return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
     if (!at) return copy_move(p, raddr, const_cast<uint8_t *>(s), len, true);
@@ -1102,6 +1144,8 @@ MoveStatus EmuFabric::write(Peer &pp, WindowId w, uint64_t raddr, const void *sr
 MoveStatus EmuFabric::read(Peer &pp, WindowId w, uint64_t raddr, void *dst, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (len == 0) return MoveStatus::ok;
+  count(kDmaReads, 1);
+  count(kDmaReadBytes, len);
   auto *d = static_cast<uint8_t *>(dst);
   return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
     if (!at) return copy_move(p, raddr, d, len, false);
@@ -1123,6 +1167,8 @@ int EmuFabric::ring(Peer &pp, int fd, uint64_t ino, const void *rec, size_t len)
 int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (off > kAreaSize || len > kAreaSize - off) return EFAULT;
+  count(kPosts, 1);
+  count(kPostBytes, len);
   auto *dst = static_cast<uint8_t *>(p.area()) + off;
   auto *from = static_cast<const uint8_t *>(src);
   std::atomic_thread_fence(std::memory_order_release);
@@ -1152,6 +1198,7 @@ void EmuFabric::doorbell(Peer &pp, bool maskable) {
   if (maskable && p.hdr->quiet_until.load(std::memory_order_relaxed) > mono_ns()) return;
   int fd = p.self ? bell_fd_ : p.bell();
   char one = 1;
+  count(kDoorbells, 1);
   if (fd >= 0 && syscall(SYS_write, fd, &one, 1) < 0) {
     // Full: it has rung already.
   }

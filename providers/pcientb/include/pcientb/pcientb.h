@@ -63,6 +63,24 @@ struct pcientb_port_counters {
 int pcientb_query_port_counters(struct ibv_context *ctx, uint8_t port,
                                 struct pcientb_port_counters *out);
 
+/* The PCIe-level work this process has done through the fabric of `ctx` so
+ * far, what a hardware timing model takes (docs/transport.md): posted writes
+ * to peers' control memory (link boxes, mirrors, lanes) and their bytes, node
+ * doorbells rung (a masked peer is not rung), and one-sided moves into and
+ * out of peers' registered windows (the DMA role: one per contiguous piece)
+ * and their bytes. Counted for the process, whatever its contexts. 0, or
+ * EINVAL (not a pcientb context). Found as pcientb_query_port_counters is. */
+struct pcientb_work {
+  uint64_t posts;
+  uint64_t post_bytes;
+  uint64_t doorbells;
+  uint64_t dma_writes;
+  uint64_t dma_write_bytes;
+  uint64_t dma_reads;
+  uint64_t dma_read_bytes;
+};
+int pcientb_query_work(struct ibv_context *ctx, struct pcientb_work *out);
+
 /* 1 if a completion may be waiting in `cq` (a CQ of this provider), 0 if none
  * was a moment ago: one load, no lock and no system call, for an event loop
  * watching many CQs that polls only those with news. A hint: a completion
