@@ -26,6 +26,16 @@ bool stopped(pid_t pid) {
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
 }
 
+// Posts a FETCH_AND_ADD of `add` to the first word of the peer's buffer; the
+// old value lands in the first 8 bytes of ours.
+int fetch_add(RcEnd &a, uint64_t wr_id, uint64_t add) {
+  return SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, wr_id)
+      .sge(a.sge(0, 8))
+      .remote(a.raddr(0), a.rkey())
+      .compare_add(add)
+      .post(a.qp());
+}
+
 // Waits (10 s at most) for process `pid` to stop itself; whether it did.
 bool wait_stopped(pid_t pid) {
   auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -163,11 +173,7 @@ TEST(Link, AnAtomicIsExecutedByTheTarget) {
         ch.signal();
         const pid_t target = ch.peer_pid();
         ASSERT_TRUE(wait_stopped(target));
-        ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 2)
-                         .sge(a.sge(0, 8))
-                         .remote(a.raddr(0), a.rkey())
-                         .compare_add(2)
-                         .post(a.qp()));
+        ASSERT_EQ(0, fetch_add(a, 2, 2));
         EXPECT_TRUE(stays_empty(a.cq(), 50ms)) << "completed with the target stopped";
         kill(target, SIGCONT);
         ibv_wc wc = a.wait_wc();
@@ -191,11 +197,7 @@ TEST(Link, ARequestInFlightFailsWhenItsTargetDies) {
         ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);  // the link is up
         ch.signal();
         ASSERT_TRUE(wait_stopped(ch.peer_pid()));
-        ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 2)
-                         .sge(a.sge(0, 8))
-                         .remote(a.raddr(0), a.rkey())
-                         .compare_add(1)
-                         .post(a.qp()));
+        ASSERT_EQ(0, fetch_add(a, 2, 1));
         ASSERT_EQ(0, a.post_write(3, 64, 8, 64));  // waits behind the atomic
         EXPECT_TRUE(stays_empty(a.cq(), 50ms));
         auto killed = std::chrono::steady_clock::now();
@@ -245,11 +247,7 @@ TEST(Link, TheFabricWorkOfEachOperationIsCounted) {
         EXPECT_EQ(w2.dma_reads - w1.dma_reads, 1u);
         EXPECT_EQ(w2.dma_read_bytes - w1.dma_read_bytes, 4096u);
         EXPECT_EQ(w2.posts, w1.posts);
-        ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 4)
-                         .sge(a.sge(0, 8))
-                         .remote(a.raddr(0), a.rkey())
-                         .compare_add(1)
-                         .post(a.qp()));
+        ASSERT_EQ(0, fetch_add(a, 4, 1));
         ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
         pcientb_work w3 = work();
         EXPECT_GE(w3.posts - w2.posts, 1u);
