@@ -36,6 +36,13 @@ int fetch_add(RcEnd &a, uint64_t wr_id, uint64_t add) {
       .post(a.qp());
 }
 
+// One WRITE through the connection: once it succeeds, the link to the peer
+// is up (its tables mirrored here, the lanes known).
+void bring_link_up(RcEnd &end) {
+  ASSERT_EQ(0, end.post_write(1, 64, 8, 64));
+  ASSERT_EQ(end.wait_wc().status, IBV_WC_SUCCESS);
+}
+
 // Waits (10 s at most) for process `pid` to stop itself; whether it did.
 bool wait_stopped(pid_t pid) {
   auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -168,8 +175,7 @@ TEST(Link, AnAtomicIsExecutedByTheTarget) {
       [](Channel &ch) {  // the initiator
         RcEnd a;
         a.connect(ch);
-        ASSERT_EQ(0, a.post_write(1, 64, 8, 64));
-        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        ASSERT_NO_FATAL_FAILURE(bring_link_up(a));
         ch.signal();
         const pid_t target = ch.peer_pid();
         ASSERT_TRUE(wait_stopped(target));
@@ -193,8 +199,7 @@ TEST(Link, ARequestInFlightFailsWhenItsTargetDies) {
       [](Channel &ch) {  // the initiator
         RcEnd a;
         a.connect(ch);
-        ASSERT_EQ(0, a.post_write(1, 64, 8, 64));
-        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);  // the link is up
+        ASSERT_NO_FATAL_FAILURE(bring_link_up(a));
         ch.signal();
         ASSERT_TRUE(wait_stopped(ch.peer_pid()));
         ASSERT_EQ(0, fetch_add(a, 2, 1));
@@ -226,8 +231,7 @@ TEST(Link, TheFabricWorkOfEachOperationIsCounted) {
       [](Channel &ch) {  // the initiator
         RcEnd a;
         a.connect(ch);
-        ASSERT_EQ(0, a.post_write(1, 0, 8, 0));
-        ASSERT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
+        ASSERT_NO_FATAL_FAILURE(bring_link_up(a));
         ch.barrier();  // both links are up: nothing else moves now
         auto work = [&] {
           pcientb_work w{};
@@ -262,8 +266,7 @@ TEST(Link, TheFabricWorkOfEachOperationIsCounted) {
       [](Channel &ch) {  // the target
         RcEnd b;
         b.connect(ch);
-        ASSERT_EQ(0, b.post_write(1, 0, 8, 0));
-        ASSERT_EQ(b.wait_wc().status, IBV_WC_SUCCESS);
+        ASSERT_NO_FATAL_FAILURE(bring_link_up(b));
         ch.barrier();
         ch.wait();
       });

@@ -62,8 +62,6 @@ int start_poll(ibv_cq_ex *c, ibv_poll_cq_attr *attr) {
   Cq *cq = cq_of(c);
   if (attr && attr->comp_mask) return EINVAL;
   cq->ctx->node->poll_progress();
-  cq->ctx->node->fab().polling();
-  cq->ctx->node->service();
   cq->poll_mu.lock();
   if (!take(cq, &cq->cur)) {
     cq->poll_mu.unlock();
@@ -191,8 +189,6 @@ int destroy_cq(Cq *cq) {
 int poll_cq(Cq *cq, int n, ibv_wc *wc) {
   if (n < 0) return -EINVAL;
   cq->ctx->node->poll_progress();
-  cq->ctx->node->fab().polling();
-  cq->ctx->node->service();
   std::lock_guard<SpinLock> g(cq->poll_mu);
   int i = 0;
   while (i < n && take(cq, &wc[i])) ++i;

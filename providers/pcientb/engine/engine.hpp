@@ -109,11 +109,15 @@ class Node {
   // when the node leaves the fabric, or at exit.
   void report_traffic();  // with nodes_mu (context.cpp)
   void watch(fabric::Peer *peer);
-  // Runs deferred work that is due, from a thread polling a CQ: a sender that
-  // polls retries on time even when the progress thread gets no CPU.
+  // What a thread polling a CQ does for the node: runs deferred work that is
+  // due (a sender that polls retries on time even when the progress thread
+  // gets no CPU), keeps the doorbell masked (peers need not ring a node that
+  // polls) and takes what peers posted to its lanes.
   void poll_progress() {
     uint64_t due = next_due_ns_.load(std::memory_order_relaxed);
     if (due && due <= now_ns()) run_due();
+    fab_->polling();
+    service();
   }
 
   // --- links (link.cpp): reaching a peer without reading its memory ---
