@@ -122,9 +122,10 @@ class Fabric {
   // unless the peer masked it (it polls: see polling()) and the ring is
   // maskable (a link's setup is not: the peer serves it from its doorbell).
   virtual void doorbell(Peer &peer, bool maskable = true) = 0;
-  // A thread of this node polls for what peers post: they may leave the
-  // doorbell alone until quiet_until_ns() (CLOCK_MONOTONIC; 0 or past: they
-  // ring). The node's progress thread looks at its lanes by then itself.
+  // Threads of this node poll for what peers post (called now and then while
+  // they do): peers may leave the doorbell alone until quiet_until_ns()
+  // (CLOCK_MONOTONIC; 0 or past: they ring). The node's progress thread
+  // looks at its lanes by then itself.
   virtual void polling() = 0;
   virtual uint64_t quiet_until_ns() = 0;
   // What this process has done through the fabric so far.

@@ -163,14 +163,20 @@ struct WorkSlot {
 std::mutex &work_mu = *new std::mutex;
 std::vector<WorkSlot *> &work_slots = *new std::vector<WorkSlot *>;
 
-void count(WorkKind k, uint64_t n) {
+// One operation of kind k (kPosts, kDoorbells, kDmaWrites, kDmaReads) and,
+// for those with bytes, its bytes (the kind after it).
+inline void count(WorkKind k, uint64_t bytes = 0) {
   static thread_local WorkSlot *slot __attribute__((tls_model("initial-exec"))) = nullptr;
-  if (!slot) {
+  if (__builtin_expect(!slot, 0)) {
     slot = new WorkSlot;
     std::lock_guard<std::mutex> g(work_mu);
     work_slots.push_back(slot);
   }
-  slot->v[k].store(slot->v[k].load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  auto add = [](std::atomic<uint64_t> &v, uint64_t n) {
+    v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  };
+  add(slot->v[k], 1);
+  if (k != kDoorbells) add(slot->v[k + 1], bytes);
 }
 
 Work work_done() {
@@ -507,11 +513,6 @@ class EmuFabric final : public Fabric {
   int post(Peer &p, size_t off, const void *src, size_t len) override;
   void doorbell(Peer &p, bool maskable) override;
   void polling() override {
-    // Every 64th poll of a thread moves the mask on (a clock read each time
-    // would cost a poll loop 20 ns); one that polls now and then gets rung.
-    // initial-exec: no __tls_get_addr call in a poll loop (the provider is dlopen'd).
-    static thread_local uint32_t polls __attribute__((tls_model("initial-exec"))) = 0;
-    if (++polls % 64) return;
     hdr_->quiet_until.store(mono_ns() + kQuietNs, std::memory_order_relaxed);
   }
   uint64_t quiet_until_ns() override { return hdr_->quiet_until.load(std::memory_order_relaxed); }
@@ -1131,8 +1132,7 @@ MoveStatus EmuFabric::move(EmuPeer &p, WindowId w, uint64_t raddr, size_t len, F
 MoveStatus EmuFabric::write(Peer &pp, WindowId w, uint64_t raddr, const void *src, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (len == 0) return MoveStatus::ok;
-  count(kDmaWrites, 1);
-  count(kDmaWriteBytes, len);
+  count(kDmaWrites, len);
   auto *s = static_cast<const uint8_t *>(src);
   return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
     if (!at) return copy_move(p, raddr, const_cast<uint8_t *>(s), len, true);
@@ -1144,8 +1144,7 @@ MoveStatus EmuFabric::write(Peer &pp, WindowId w, uint64_t raddr, const void *sr
 MoveStatus EmuFabric::read(Peer &pp, WindowId w, uint64_t raddr, void *dst, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (len == 0) return MoveStatus::ok;
-  count(kDmaReads, 1);
-  count(kDmaReadBytes, len);
+  count(kDmaReads, len);
   auto *d = static_cast<uint8_t *>(dst);
   return move(p, w, raddr, len, [&](uint8_t *at, uint64_t off, size_t n) {
     if (!at) return copy_move(p, raddr, d, len, false);
@@ -1167,8 +1166,7 @@ int EmuFabric::ring(Peer &pp, int fd, uint64_t ino, const void *rec, size_t len)
 int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (off > kAreaSize || len > kAreaSize - off) return EFAULT;
-  count(kPosts, 1);
-  count(kPostBytes, len);
+  count(kPosts, len);
   auto *dst = static_cast<uint8_t *>(p.area()) + off;
   auto *from = static_cast<const uint8_t *>(src);
   std::atomic_thread_fence(std::memory_order_release);
@@ -1198,7 +1196,7 @@ void EmuFabric::doorbell(Peer &pp, bool maskable) {
   if (maskable && p.hdr->quiet_until.load(std::memory_order_relaxed) > mono_ns()) return;
   int fd = p.self ? bell_fd_ : p.bell();
   char one = 1;
-  count(kDoorbells, 1);
+  count(kDoorbells);
   if (fd >= 0 && syscall(SYS_write, fd, &one, 1) < 0) {
     // Full: it has rung already.
   }
