@@ -80,7 +80,11 @@ uint64_t credit_bytes(const Sock &s) {
   return s.link.remote.ring_bytes - (s.tx_pos - s.peer_consumed);
 }
 uint64_t credit_msgs(const Sock &s) {
-  return s.link.remote.recv_depth - (s.tx_msgs - s.peer_polled);
+  const uint64_t peer = s.link.remote.recv_depth - (s.tx_msgs - s.peer_polled);
+  // The send queue needs room too: its WRs are freed as their completions are polled, which
+  // can come after the peer's ack of the messages (their answers still on the way).
+  const uint64_t sq = s.link.send_depth > s.sq_used ? s.link.send_depth - s.sq_used : 0;
+  return std::min(peer, sq);
 }
 // Data (and zero-copy advertisements) leave room for a FIN and a REVERT, so that close never
 // waits on a peer that does not read: the ring bytes of each with a pad before it.

@@ -34,12 +34,12 @@ void attack(uint16_t victim_lid, uint32_t victim_qpn, uint64_t victim_addr, uint
   std::mt19937_64 rnd(7);
   uint8_t junk[512];
   // Records of every type, size and content, some naming the victim's real QP
-  // with its real rkey and address (an atomic the victim must refuse: that
-  // QP is not connected to us).
+  // with its real rkey and address (atomics, SENDs and WRITEs with immediate
+  // the victim must refuse: that QP is not connected to us).
   for (int i = 0; i < 3000; ++i) {
     for (auto &b : junk) b = static_cast<uint8_t>(rnd());
     auto *h = reinterpret_cast<eng::RecordHead *>(junk);
-    h->type = static_cast<uint16_t>(rnd() % 6);
+    h->type = static_cast<uint16_t>(rnd() % 8);
     if (i % 3 == 0) {
       auto *a = reinterpret_cast<eng::AtomicRecord *>(junk);
       a->head.type = eng::kRecAtomic;
@@ -47,6 +47,17 @@ void attack(uint16_t victim_lid, uint32_t victim_qpn, uint64_t victim_addr, uint
       a->rkey = victim_rkey;
       a->addr = victim_addr + (rnd() % 64) * 8;
       a->op = i % 2 ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
+    } else if (i % 3 == 1) {
+      // A WRITE with immediate or a SEND into the victim's QP, inline or
+      // pulled from windows that are not there.
+      auto *r = reinterpret_cast<eng::SendRecord *>(junk);
+      r->head.type = eng::kRecSend;
+      r->head.qpn = victim_qpn;
+      r->opcode = i % 2 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_SEND;
+      r->rkey = victim_rkey;
+      r->remote_addr = victim_addr + rnd() % 512;
+      r->byte_len = static_cast<uint32_t>(rnd() % 600);
+      r->pieces = static_cast<uint32_t>(rnd() % 3);
     }
     size_t len = sizeof(eng::RecordHead) + rnd() % (sizeof junk - sizeof(eng::RecordHead));
     std::lock_guard<eng::SpinLock> g(link->req_mu);

@@ -281,9 +281,9 @@ TEST(RcSend, ManySendsArriveInOrder) {
       });
 }
 
-// Small SENDs travel in their completion (the eager path), larger ones are
-// placed by the sender, WRITE with immediate reserves a receive: mixed on one
-// QP, they consume the receives in order and each lands whole.
+// SENDs up to about 1 KiB travel inline in their record, larger ones are
+// pulled by the target, and a WRITE with immediate takes a receive too:
+// mixed on one QP, they consume the receives in order and each lands whole.
 TEST(RcSend, SmallLargeAndWriteWithImmInterleavedArriveInOrder) {
   constexpr uint32_t kMessages = 700, kSlots = 32, kSlotSize = 4096;
   constexpr uint32_t kSizes[] = {0, 1, 8, 23, 24, 25, 64, 4096};
@@ -337,7 +337,9 @@ TEST(RcSend, SmallLargeAndWriteWithImmInterleavedArriveInOrder) {
           ASSERT_EQ(wc.src_qp, b.remote().qpn);
           bool imm = write_of(seq) || imm_of(seq);
           ASSERT_EQ((wc.wc_flags & IBV_WC_WITH_IMM) != 0, imm);
-          if (imm) ASSERT_EQ(ntohl(wc.imm_data), 0x1000 + seq);
+          if (imm) {
+            ASSERT_EQ(ntohl(wc.imm_data), 0x1000 + seq);
+          }
           size_t slot = (seq % kSlots) * kSlotSize;
           size_t at = write_of(seq) ? kSlots * kSlotSize + slot : slot;
           ASSERT_TRUE(has_pattern(b.buf.span(at, size_of(seq)), seq)) << "message " << seq;

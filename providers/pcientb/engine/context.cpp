@@ -30,6 +30,12 @@ uint64_t now_ns() {
   return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
 
+uint64_t coarse_now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
 // ---- node -----------------------------------------------------------------
 
 namespace {
@@ -230,10 +236,11 @@ int Node::alloc_qp(Qp *qp, uint32_t *idx, uint32_t *qpn) {
   std::lock_guard<std::mutex> g(mu_);
   for (uint32_t n = 0; n < kMaxQps - 1; ++n) {
     uint32_t i = 1 + (next_qp_ - 1 + n) % (kMaxQps - 1);
-    if (qps_[i]) continue;
+    if (qps_[i].load(std::memory_order_relaxed)) continue;
     qp_gen_[i] = static_cast<uint16_t>(qp_gen_[i] % 4095 + 1);
     next_qp_ = i + 1;
-    qps_[i] = qp;
+    qp->sh = &root_->qps[i];  // before the QP can be found (qp_by_idx)
+    qps_[i].store(qp, std::memory_order_release);
     *idx = i;
     *qpn = (uint32_t{qp_gen_[i]} << 12) | i;
     qp->stats = &root_->qp_stats[i];
@@ -245,8 +252,7 @@ int Node::alloc_qp(Qp *qp, uint32_t *idx, uint32_t *qpn) {
 }
 
 Qp *Node::qp_by_idx(uint32_t idx) {
-  std::lock_guard<std::mutex> g(mu_);
-  return idx < kMaxQps ? qps_[idx] : nullptr;
+  return idx < kMaxQps ? qps_[idx].load(std::memory_order_acquire) : nullptr;
 }
 
 // ---- progress thread --------------------------------------------------------
@@ -261,15 +267,21 @@ void Node::wake() {
   }
 }
 
-void Node::schedule(Qp *qp) {
+void Node::schedule(Qp *qp, uint64_t due) {
+  bool wake_now;
   {
     std::lock_guard<std::mutex> g(prog_mu_);
     // An answer may come for a QP being destroyed: once retired, it stays out.
     if (qp->retired) return;
     pending_.insert(qp);
-    next_due_ns_.store(1, std::memory_order_relaxed);  // due now
+    uint64_t next = next_due_ns_.load(std::memory_order_relaxed);
+    if (!next || due < next) next_due_ns_.store(due, std::memory_order_relaxed);
+    // A thread that polls runs it when due; the progress thread is woken
+    // only if it would otherwise sleep past that (an answer's deadline is
+    // a second away: no wake-up per request).
+    wake_now = due < sleep_until_ns_;
   }
-  wake();
+  if (wake_now) wake();
 }
 
 uint64_t Node::run_pending_locked() {
@@ -308,10 +320,8 @@ void Node::retire_qp(Qp *qp) {
   pending_.erase(qp);
   qp->retired = true;
   std::lock_guard<std::mutex> t(mu_);
-  // Pairs with complete_with: a sender that claims a CQ slot after this sees
-  // the number gone; one that claimed before is waited for by cq_discard_qp.
-  root_->qps[qp->idx].qpn.store(0, std::memory_order_seq_cst);
-  qps_[qp->idx] = nullptr;
+  root_->qps[qp->idx].qpn.store(0, std::memory_order_release);
+  qps_[qp->idx].store(nullptr, std::memory_order_release);
   qp->stats->add_to(root_->stats.gone);
   qp->stats->qpn.store(0, std::memory_order_relaxed);
 }
@@ -343,26 +353,21 @@ void Node::remove_cq(Cq *cq) {
 
 void Node::add_srq(Srq *srq) {
   std::lock_guard<std::mutex> g(mu_);
-  srqs_[srq->off] = srq;
+  srqs_.insert(srq);
   srq->dir = dir_add(root_->srq_dir, kMaxSrqs, srq->off);
 }
 
 void Node::remove_srq(Srq *srq) {
   std::lock_guard<std::mutex> g(mu_);
-  srqs_.erase(srq->off);
+  srqs_.erase(srq);
   if (srq->dir < kMaxSrqs) root_->srq_dir[srq->dir].store(0, std::memory_order_relaxed);
-}
-
-bool Node::srq_alive(Off off) {
-  std::lock_guard<std::mutex> g(mu_);
-  return srqs_.count(off) != 0;
 }
 
 void Node::traffic(QpStats *sum) {
   std::lock_guard<std::mutex> g(mu_);
   root_->stats.gone.add_to(*sum);
-  for (Qp *qp : qps_)
-    if (qp) qp->stats->add_to(*sum);
+  for (const auto &q : qps_)
+    if (Qp *qp = q.load(std::memory_order_relaxed)) qp->stats->add_to(*sum);
 }
 
 // With nodes_mu.
@@ -422,32 +427,6 @@ void Node::watch(fabric::Peer *peer) {
 // once (RETRY_EXC_ERR); an idle QP and its posted receives stay as they are.
 void Node::on_peer_death(fabric::Peer *peer) {
   peer->mark_dead();
-  reclaim_from(peer);
-}
-
-// What a dead peer held of this node's queues while it sent to them comes
-// back: CQ slots it claimed and receives it reserved in SRQs. (A QP's own
-// receive queue goes with the QP connected to the dead peer.)
-//
-// Every CQ's poll lock is held throughout: an entry the dead peer published
-// before it could clear its reservation is either delivered before (the
-// receive is consumed, nothing to reclaim) or finds it reclaimed (and is
-// dropped), never both.
-void Node::reclaim_from(fabric::Peer *peer) {
-  const uint64_t me = fab_->nonce();
-  auto *theirs = static_cast<AreaRoot *>(peer->area());  // stays mapped
-  std::lock_guard<std::mutex> g(mu_);
-  for (Cq *cq : cqs_) cq->poll_mu.lock();
-  for (Cq *cq : cqs_) cq_reclaim(cq, peer->nonce());
-  for (const QpShared &sender : theirs->qps) {
-    const QpShared::Holding &h = sender.holding;
-    if (h.target.load(std::memory_order_acquire) != me) continue;
-    auto it = srqs_.find(h.rq);
-    if (it == srqs_.end()) continue;  // a QP's own queue goes with that QP
-    std::lock_guard<SpinLock> s(it->second->mu);
-    rq_reclaim(root_, it->second->sh, it->second->max_wr, h.pos);
-  }
-  for (Cq *cq : cqs_) cq->poll_mu.unlock();
 }
 
 void Node::progress_loop() {
@@ -480,6 +459,7 @@ void Node::progress_loop() {
         uint64_t check = membership_checked_ns_ + kMembershipPeriodNs;
         next = next ? std::min(next, check) : check;
       }
+      sleep_until_ns_ = next ? next : UINT64_MAX;
       for (fabric::Peer *p : watched_) {
         int fd = p->dead() ? -1 : fab_->death_fd(*p);
         if (fd < 0) continue;

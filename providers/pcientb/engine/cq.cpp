@@ -35,20 +35,13 @@ bool take(Cq *cq, ibv_wc *wc) {
     const CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;  // ours until popped
     uint64_t ticket = e.sq_ticket;
     bool got = !(ticket & CqEntry::kDiscarded);
-    if (got && (ticket & CqEntry::kEager)) {
-      got = deliver_eager(*cq->ctx->node, e.eager, ticket & CqEntry::kEagerSrqMask, wc);
-    } else if (got) {
+    if (got) {
       *wc = e.wc;
       if (ticket) cq->ctx->node->retire(ticket);
     }
     mpsc_pop(ring, pos);
     if (!got) continue;
-    // A receive in error: the QP may have been failed by the sender (a
-    // responder error), and the peers' mirrors learn its state now.
-    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR &&
-        (!ticket || (ticket & CqEntry::kEager)))
-      cq->ctx->node->push_qp(wc->qp_num & (kMaxQps - 1));
-    if (!ticket || (ticket & CqEntry::kEager)) count_receive(*cq->ctx->node, *wc);
+    if (!ticket) count_receive(*cq->ctx->node, *wc);
     return true;
   }
 }
@@ -202,6 +195,9 @@ bool cq_pending(Cq *cq) {
 
 int req_notify_cq(Cq *cq, bool solicited_only) {
   cq->sh->armed.store(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
+  // Completions come from what peers post (requests, answers): they must
+  // ring this node while it sleeps on the event.
+  cq->ctx->node->stop_polling();
   return 0;
 }
 
@@ -244,25 +240,18 @@ int resize_cq(Cq *cq, int cqe) {
   return 0;
 }
 
-void cq_discard_qp(Cq *cq, uint32_t qp_num, RqShared *srq) {
+void cq_discard_qp(Cq *cq, uint32_t qp_num) {
   std::lock_guard<SpinLock> g(cq->poll_mu);
   RingHeader *r = &cq->sh->ring;
-  // The QP's number is gone (Node::retire_qp): a sender that claimed a slot
-  // before that publishes its entry, and every later one finds the number
-  // gone and publishes a void one. Wait for the former (a producer that died
-  // holding a slot is given up on after a while).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  uint64_t tail = r->tail.load(std::memory_order_relaxed);
-  const uint64_t give_up = now_ns() + 100'000'000;
+  // Every producer of this CQ is a thread of this node; those that could
+  // complete for the QP are done (Node::links_barrier, retire_qp), but a
+  // slot claimed just before may still be being filled.
+  uint64_t tail = r->tail.load(std::memory_order_acquire);
   for (uint64_t pos = r->head.load(std::memory_order_acquire); pos < tail; ++pos) {
     RingSlot *s = ring_slot(r, pos);
-    while (ring_seq(r, s, pos) != pos + 1 && now_ns() < give_up) sched_yield();
-    if (ring_seq(r, s, pos) != pos + 1) break;
+    while (ring_seq(r, s, pos) != pos + 1) sched_yield();
     CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
-    if (e.qp_num() != qp_num || (e.sq_ticket & CqEntry::kDiscarded)) continue;
-    e.sq_ticket |= CqEntry::kDiscarded;
-    // The shared receive queue outlives the QP: give back the WQE it held.
-    if ((e.sq_ticket & CqEntry::kEager) && srq) rq_give_back(srq, e.eager.rq_pos);
+    if (e.wc.qp_num == qp_num) e.sq_ticket |= CqEntry::kDiscarded;
   }
 }
 
@@ -276,28 +265,11 @@ CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64
   return nullptr;
 }
 
-void cq_reclaim(Cq *cq, uint64_t nonce) {
-  RingHeader *r = &cq->sh->ring;
-  const uint64_t tail = r->tail.load(std::memory_order_acquire);
-  for (uint64_t pos = r->head.load(std::memory_order_acquire); pos < tail; ++pos) {
-    RingSlot *s = ring_slot(r, pos);
-    const CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
-    if (ring_seq(r, s, pos) != pos + 1 && e.sq_ticket == CqEntry::kClaimed && e.wc.wr_id == nonce)
-      cq_void(cq->sh, pos);
-  }
-}
-
-void cq_void(CqShared *cq, uint64_t pos) {
-  RingSlot *s = ring_slot(&cq->ring, pos);
-  reinterpret_cast<CqSlot *>(s)->e.sq_ticket = CqEntry::kDiscarded;
-  ring_publish(&cq->ring, s, pos);
-}
-
 void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
                bool solicited) {
   RingSlot *s = ring_slot(&cq->ring, pos);
   const CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
-  bool failed = !(e.sq_ticket & CqEntry::kEager) && e.wc.status != IBV_WC_SUCCESS;
+  bool failed = e.wc.status != IBV_WC_SUCCESS;
   ring_publish(&cq->ring, s, pos);
   if (cq->channel.fd < 0) return;  // no channel: no event to raise
   // Pairs with the seq_cst store in req_notify_cq: either the owner sees the

@@ -22,7 +22,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,7 +42,8 @@ struct Cq;
 struct Srq;
 struct OutLink;
 struct InLink;
-uint64_t now_ns();  // CLOCK_MONOTONIC
+uint64_t now_ns();         // CLOCK_MONOTONIC
+uint64_t coarse_now_ns();  // CLOCK_MONOTONIC_COARSE: cheaper, a few ms behind
 
 // This process on one fabric: shared by every context opened on it.
 class Node {
@@ -85,9 +85,11 @@ class Node {
     root_->qp_stats[idx].sq_posted.set(0);
   }
 
-  // The progress engine: deferred send work (RNR and transport retries) and
-  // peer liveness. Qp::sq_mu_ must not be held when calling these.
-  void schedule(Qp *qp);
+  // The progress engine: deferred send work (RNR and transport retries,
+  // answers' deadlines) and peer liveness. The QP is looked at by `due`
+  // (ns, CLOCK_MONOTONIC; 1: now); the progress thread is woken only if it
+  // would sleep past that. Qp::sq_mu must not be held.
+  void schedule(Qp *qp, uint64_t due = 1);
   // The contexts open on this node, told of device-wide events.
   void attach(Context *ctx);
   void detach(Context *ctx);
@@ -98,11 +100,8 @@ class Node {
   // CQs and SRQs are listed in the area's directories for management tools.
   void add_cq(Cq *cq);
   void remove_cq(Cq *cq);
-  // The SRQs of this node by the offset of their ring: an eager entry names
-  // the SRQ its WQE came from, which may be gone by the time it is polled.
   void add_srq(Srq *srq);
   void remove_srq(Srq *srq);
-  bool srq_alive(Off off);
   // What this node's QPs, live and gone, have moved.
   void traffic(QpStats *sum);
   // Appends the node's traffic to $PCIENTB_STATS (a path, or "stderr"), once:
@@ -114,15 +113,25 @@ class Node {
   // gets no CPU), keeps the doorbell masked (peers need not ring a node that
   // polls) and takes what peers posted to its lanes.
   void poll_progress() {
+    // Every 64th poll renews the mask and looks at the clock for work that
+    // is due: a clock read per poll would cost a poll loop, and a node that
+    // polls now and then is simply rung. Per thread (a shared count would
+    // bounce between polling threads); initial-exec: no __tls_get_addr call
+    // (the provider is dlopen'd).
     uint64_t due = next_due_ns_.load(std::memory_order_relaxed);
-    if (due && due <= now_ns()) run_due();
-    // Every 64th poll renews the mask: a clock read per poll would cost a
-    // poll loop, and a node that polls now and then is simply rung.
-    // Per thread (a shared count would bounce between polling threads);
-    // initial-exec: no __tls_get_addr call (the provider is dlopen'd).
-    static thread_local uint32_t polls __attribute__((tls_model("initial-exec"))) = 0;
-    if (++polls % 64 == 0) fab_->polling();
+    if (due == 1) {
+      run_due();
+    } else if (++polls_ % 64 == 0) {
+      fab_->polling();
+      if (due && due <= now_ns()) run_due();
+    }
     service();
+  }
+  // This thread is about to sleep on a completion event (it armed a CQ):
+  // peers ring from now on, or what they post would wait for the mask's end.
+  void stop_polling() {
+    polls_ = 1;  // its next polls before it sleeps do not mask again
+    fab_->not_polling();
   }
 
   // --- links (link.cpp): reaching a peer without reading its memory ---
@@ -134,9 +143,10 @@ class Node {
   // answered, answers handed to their QPs. Any thread, any time; cheap when
   // there is nothing.
   void service();
-  // Returns once no thread hands an answer to a QP it found before now: a
-  // QP taken out of the tables (retire_qp) is then safe to free.
-  void answers_barrier();
+  // Returns once no thread serves a request of, or hands an answer to, a
+  // QP it found before now: a QP taken out of the tables (retire_qp) is
+  // then safe to free.
+  void links_barrier();
   // This node's MR / QP entry `idx` changed: pushed to every peer that
   // keeps a mirror of this node's tables. Call after the change.
   void push_mr(uint32_t idx);
@@ -152,7 +162,6 @@ class Node {
   uint64_t run_pending_locked();  // with prog_mu_; the next deadline, or 0
   void wake();
   void on_peer_death(fabric::Peer *peer);
-  void reclaim_from(fabric::Peer *peer);
   static void report_all_at_exit();
   static void before_fork();
   static void after_fork_in_parent();
@@ -180,9 +189,9 @@ class Node {
   uint32_t next_mr_ = 1, next_qp_ = 1;
   uint8_t mr_gen_[kMaxMrs] = {};
   uint16_t qp_gen_[kMaxQps] = {};
-  Qp *qps_[kMaxQps] = {};
+  std::atomic<Qp *> qps_[kMaxQps] = {};  // read without mu_ (qp_by_idx)
   std::set<Cq *> cqs_;
-  std::map<Off, Srq *> srqs_;
+  std::set<Srq *> srqs_;
   std::string stats_to_;
   bool reported_ = false;
 
@@ -204,6 +213,8 @@ class Node {
   bool park_ = false, parked_ = false;  // the progress thread, over fork()
   std::set<Qp *> pending_;
   std::atomic<uint64_t> next_due_ns_{0};
+  static inline thread_local uint32_t polls_ __attribute__((tls_model("initial-exec"))) = 0;
+  uint64_t sleep_until_ns_ = 0;  // when the progress thread wakes by itself, with prog_mu_
   std::set<fabric::Peer *> watched_;
   std::set<Context *> contexts_;
   bool lost_ = false;
@@ -380,16 +391,59 @@ struct SendWqe {
   uint64_t deadline_ns = 0;  // the answer must come by then
 };
 
-// What a sender knows of a target's receive queue: how far it was posted
-// and, per eager class, below which position WQEs may not fit. Kept by the
-// sending QP and refreshed only when used up, so that a stream of SENDs
-// does not read lines the receiver keeps writing.
-struct RqView {
-  const RqShared *rq = nullptr;
-  uint32_t qpn = 0;  // of the target QP: a new QP may get the old one's memory
-  uint64_t tail = 0;
-  uint64_t unfit_below[kEagerClasses] = {};
+// A double-ended queue of send WRs in one ring that grows to the QP's
+// depth and then allocates nothing (std::deque takes a block per WR of this
+// size). Popped slots keep their moved-from WR until reused.
+class WqeQueue {
+ public:
+  bool empty() const { return n_ == 0; }
+  size_t size() const { return n_; }
+  SendWqe &operator[](size_t i) { return v_[(head_ + i) & (v_.size() - 1)]; }
+  SendWqe &front() { return (*this)[0]; }
+  SendWqe &back() { return (*this)[n_ - 1]; }
+  void push_back(SendWqe &&w) {
+    grow();
+    ++n_;
+    back() = std::move(w);
+  }
+  void push_front(SendWqe &&w) {
+    grow();
+    head_ = (head_ - 1) & (v_.size() - 1);
+    ++n_;
+    front() = std::move(w);
+  }
+  void pop_front() {
+    head_ = (head_ + 1) & (v_.size() - 1);
+    --n_;
+  }
+  void pop_back() { --n_; }
+  void clear() { head_ = n_ = 0; }
+
+  struct Iter {
+    WqeQueue *q;
+    size_t i;
+    SendWqe &operator*() const { return (*q)[i]; }
+    Iter &operator++() {
+      ++i;
+      return *this;
+    }
+    bool operator!=(const Iter &o) const { return i != o.i; }
+  };
+  Iter begin() { return {this, 0}; }
+  Iter end() { return {this, n_}; }
+
+ private:
+  void grow() {
+    if (n_ < v_.size()) return;
+    std::vector<SendWqe> bigger(std::max<size_t>(16, 2 * v_.size()));
+    for (size_t i = 0; i < n_; ++i) bigger[i] = std::move((*this)[i]);
+    v_.swap(bigger);
+    head_ = 0;
+  }
+  std::vector<SendWqe> v_;  // a power of 2 of them
+  size_t head_ = 0, n_ = 0;
 };
+
 // The verbs glue wraps a QP (struct verbs_qp is private ABI) and points
 // `ibv` at the struct ibv_qp it hands out.
 struct Qp {
@@ -410,17 +464,20 @@ struct Qp {
   OutLink *link = nullptr;         // to peer, once up
   const Mirror *mirror = nullptr;  // of peer's tables, once linked
   uint64_t peer_nonce = 0;
-  RqView peer_rq;  // of the RC destination, with sq_mu
+  uint32_t epoch = 0;  // the connection, as requests name it (bumped at RTR)
+  // As a target: 0, or the epoch << 32 | PSN of the request refused for want
+  // of a receive (RNR); until it comes again, later ones are dropped.
+  std::atomic<uint64_t> resume{0};
 
-  SpinLock sq_mu;               // posting and executing sends
-  SpinLock rq_mu;               // posting receives
-  std::deque<SendWqe> backlog;  // WRs waiting for RNR/transport retries or RTS
+  SpinLock sq_mu;    // posting and executing sends
+  SpinLock rq_mu;    // posting receives
+  WqeQueue backlog;  // WRs waiting for RNR/transport retries or RTS
   // WRs executed and not completed yet, in order: waiting for the target's
   // answer, or done and waiting for those before them.
-  std::deque<SendWqe> sent;
+  WqeQueue sent;
   uint32_t unanswered = 0;  // of those: requests waiting for their answer
-  uint32_t next_psn = 0;
-  uint64_t sq_posted = 0;  // WRs posted since RESET
+  uint32_t next_psn = 0;    // of the last request, never 0
+  uint64_t sq_posted = 0;   // WRs posted since RESET
   bool drain_notify = false;
   bool errored = false;  // entered ERR since RESET (its events raised), with sq_mu
   bool retired = false;  // taken out of the tables for destruction, with Node::prog_mu_
@@ -446,8 +503,8 @@ bool cq_pending(Cq *cq);
 int req_notify_cq(Cq *cq, bool solicited_only);
 int resize_cq(Cq *cq, int cqe);
 // Drops a QP's completions not yet polled from a CQ (the QP is being reset or
-// destroyed), giving back the SRQ WQEs that its eager entries held.
-void cq_discard_qp(Cq *cq, uint32_t qp_num, RqShared *srq);
+// destroyed).
+void cq_discard_qp(Cq *cq, uint32_t qp_num);
 
 Srq *create_srq(Pd *pd, ibv_srq_init_attr *attr, int *err);
 int modify_srq(Srq *srq, const ibv_srq_attr *attr, int mask);
@@ -483,24 +540,16 @@ uint64_t progress_qp(Qp *qp);
 void qp_enter_error(Qp *qp);
 // The target's answer to a request of qp (requester.cpp).
 void qp_answer(Qp *qp, const AnswerRecord &a);
-// Executes a peer's request here and fills in the answer (responder.cpp);
-// `from` is the requesting node's LID.
-void serve_request(Node &node, uint16_t from, const RecordHead &h, AnswerRecord *answer);
 // Posts a record of len bytes into a peer's lane (its head's seq is set
 // here); false when the lane has no room (link.cpp).
 bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len);
-// Adding a completion to a CQ of `owner` (this node or a peer): claim an
-// entry and fill it in place (no copy: the line goes to the owner once), then
-// commit it, which publishes it and raises the completion event the CQ is
-// armed for. cq_claim returns nullptr when the CQ overran (after CQ_ERR).
+// Adding a completion to a CQ of this node (`owner`): claim an entry and
+// fill it in place, then commit it, which publishes it and raises the
+// completion event the CQ is armed for. cq_claim returns nullptr when the CQ
+// overran (after CQ_ERR).
 CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t *pos);
 void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
                bool solicited);
-// Publishes a claimed entry as void: polling skips it.
-void cq_void(CqShared *cq, uint64_t pos);
-// The node with this nonce died: slots of cq it claimed and never published
-// are published void, so that polling moves past them. With cq's poll_mu.
-void cq_reclaim(Cq *cq, uint64_t nonce);
 void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
                    size_t len);
 void init_cq_ex(Cq *cq);

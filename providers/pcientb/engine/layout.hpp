@@ -168,41 +168,16 @@ struct Doorbell {
 // --- completion queue ------------------------------------------------------
 enum ArmState : uint32_t { kDisarmed = 0, kArmNext = 1, kArmSolicited = 2 };
 
-// A SEND of at most kEagerMax bytes (or an RDMA WRITE with immediate) travels
-// in its completion: the sender reserves the receive WQE by position and
-// never reads it; the receiver's poll takes that WQE from its own memory and
-// places the bytes. One line crosses between the nodes, as in a ping-pong.
-constexpr uint32_t kEagerMax = 24;
-enum EagerFlags : uint32_t { kEagerImm = 1, kEagerWriteImm = 2 };
-struct EagerRecv {
-  uint64_t rq_pos;  // the receive WQE reserved for it
-  uint32_t qp_num;  // the receiving QP (its peer is the QP's destination)
-  uint32_t byte_len;
-  __be32 imm_data;
-  uint32_t flags;
-  uint8_t data[kEagerMax];
-};
-static_assert(sizeof(EagerRecv) == sizeof(ibv_wc));
-
-// What a producer writes into a CQ slot.
+// What a producer writes into a CQ slot. Every producer is a thread of the
+// CQ's own node: a peer's message is completed by the node it reaches.
 struct CqEntry {
-  union {
-    ibv_wc wc;
-    EagerRecv eager;  // when sq_ticket has kEager
-  };
+  ibv_wc wc;
   // A send completion retires its WR and those before it from the send
   // queue once polled: QP index << 48 | the WR's number. 0 for receives.
-  // An eager entry: kEager | the offset of the SRQ its WQE came from (or 0).
   // kDiscarded marks an entry that polling skips.
   uint64_t sq_ticket;
 
-  uint32_t qp_num() const { return (sq_ticket & kEager) ? eager.qp_num : wc.qp_num; }
   static constexpr uint64_t kDiscarded = uint64_t{1} << 63;
-  static constexpr uint64_t kEager = uint64_t{1} << 62;
-  // A claimed entry not published yet, by the node whose nonce is in wc.wr_id:
-  // if that node dies, the owner publishes the entry void.
-  static constexpr uint64_t kClaimed = uint64_t{1} << 61;
-  static constexpr uint64_t kEagerSrqMask = (uint64_t{1} << 48) - 1;
 };
 struct CqSlot {
   RingSlot hdr;
@@ -232,16 +207,6 @@ inline uint32_t recv_slot_size(uint32_t max_sge) {
   return static_cast<uint32_t>((sizeof(RecvWqe) + max_sge * sizeof(ibv_sge) + 63) & ~size_t{63});
 }
 
-// The sizes a posted receive can be known to hold without reading it: a
-// sender of an eager SEND of n bytes needs room of kEagerRoom[eager_class(n)].
-constexpr uint32_t kEagerRoom[] = {0, 1, 2, 4, 8, 16, kEagerMax};
-constexpr uint32_t kEagerClasses = sizeof(kEagerRoom) / sizeof(kEagerRoom[0]);
-inline uint32_t eager_class(uint64_t len) {
-  uint32_t c = 0;
-  while (kEagerRoom[c] < len) ++c;
-  return c;
-}
-
 struct RqShared {
   uint32_t max_sge;
   uint32_t pd;
@@ -250,9 +215,6 @@ struct RqShared {
   Off cq;           // an SRQ's completions go to the receiving QP's CQ; unused
   Doorbell async;   // where SRQ-limit events go
   uint64_t handle;  // the owner's struct ibv_srq *
-  // Per class: 1 + the position of the last WQE posted that lacks the room
-  // (or has an invalid lkey). Written before the tail that publishes it.
-  alignas(64) std::atomic<uint64_t> unfit_below[kEagerClasses];
   // WQEs consumed so far (taken by a message and done with, flushed or given
   // back), in any order: an SRQ's receives are released in the order their
   // completions are polled, not in the order they were posted.
@@ -299,15 +261,6 @@ struct QpShared {
   Off rcq;  // CqShared of the receive CQ
   Doorbell async;
   uint64_t handle;  // the owner's struct ibv_qp *
-  // What this QP, as a sender, holds of a peer's receive queue: a WQE it
-  // reserved for an eager message and has not announced yet. Written only
-  // by this node, in a line of its own; read by the peer if this node dies,
-  // to post that receive again.
-  struct alignas(64) Holding {
-    std::atomic<uint64_t> target;  // the peer's nonce; 0: nothing held
-    Off rq;
-    uint64_t pos;
-  } holding;
 };
 
 // --- links: what a node learns of a peer's tables without reading them -------
@@ -346,33 +299,79 @@ constexpr uint32_t kCell = 64;
 constexpr uint32_t kRequestCells = 2048;  // 128 KiB
 constexpr uint32_t kAnswerCells = 1024;   // 64 KiB
 
-enum RecordType : uint16_t { kRecPad = 1, kRecAtomic, kRecAnswer };
+enum RecordType : uint16_t { kRecPad = 1, kRecAtomic, kRecAnswer, kRecSend, kRecDatagram };
 
 struct RecordHead {
   std::atomic<uint32_t> seq;
   uint16_t type;
   uint16_t cells;
-  uint32_t qpn;  // requests: the target QP; answers: the requester's QP
-  uint32_t psn;  // the requester's number of the WR
+  uint32_t qpn;      // requests: the target QP; answers: the requester's QP
+  uint32_t psn;      // the requester's number of the request (never 0)
+  uint32_t src_qpn;  // requests: the requester's QP
+  // Requests: the requester QP's connection (bumped at each RTR): a target
+  // that went back for a PSN forgets that when a new connection talks.
+  uint32_t epoch;
 };
-static_assert(sizeof(RecordHead) == 16);
+static_assert(sizeof(RecordHead) == 24);
 
 struct AtomicRecord {
   RecordHead head;
-  uint32_t src_qpn;
   uint32_t rkey;
+  uint32_t op;  // IBV_WR_ATOMIC_CMP_AND_SWP or IBV_WR_ATOMIC_FETCH_AND_ADD
   uint64_t addr;
   uint64_t compare_add;
   uint64_t swap;
-  uint32_t op;  // IBV_WR_ATOMIC_CMP_AND_SWP or IBV_WR_ATOMIC_FETCH_AND_ADD
-  uint32_t pad;
 };
 static_assert(sizeof(AtomicRecord) <= kCell);
 
+// A SEND (with immediate) or an RDMA WRITE with immediate, executed by the
+// target: it takes the receive from its own queue, places the bytes and
+// completes into its own CQ. The bytes follow the record (inline) or, with
+// `pieces` > 0, are pulled by the target from the requester's windows.
+constexpr uint32_t kMaxRecordCells = 16;
+struct SendRecord {
+  RecordHead head;
+  uint32_t opcode;  // IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM
+  uint32_t solicited;
+  __be32 imm;
+  uint32_t byte_len;
+  uint64_t remote_addr;  // WRITE with immediate
+  uint32_t rkey;
+  uint32_t pieces;  // 0: the bytes are inline
+};
+static_assert(sizeof(SendRecord) == 56);
+// Where pulled bytes are: a piece of a window of the requester.
+struct Piece {
+  fabric::WindowId window;
+  uint64_t va;
+  uint64_t len;
+};
+constexpr uint32_t kRecordInline = kMaxRecordCells * kCell - sizeof(SendRecord);
+static_assert(sizeof(SendRecord) + (kMaxSge + 1) * sizeof(Piece) <= kMaxRecordCells * kCell);
+
+// A UD datagram: inline, with the GRH the requester built when its AH had one.
+struct DatagramRecord {
+  RecordHead head;
+  uint32_t qkey;
+  uint32_t solicited;
+  __be32 imm;
+  uint32_t flags;  // kDgImm, kDgGrh
+  uint32_t byte_len;
+  uint32_t pad;
+  uint8_t grh[kGrhBytes];
+};
+enum DatagramFlags : uint32_t { kDgImm = 1, kDgGrh = 2 };
+static_assert(sizeof(DatagramRecord) % 8 == 0);
+constexpr uint32_t kMaxDatagramCells =
+    static_cast<uint32_t>((sizeof(DatagramRecord) + kMtu + kCell - 1) / kCell);
+
 // The target's answer to a request: its status (IBV_WC_SUCCESS, or the
 // error the requester completes with; kAnswerRetry: the QP was not there or
-// not ready, try again after the timeout) and, for an atomic, the old value.
+// not ready; kAnswerRnr: no receive posted, `value` is the RNR timer code,
+// and the target drops the QP's later requests until this PSN comes again)
+// and, for an atomic, the old value.
 constexpr uint32_t kAnswerRetry = 0xffff;
+constexpr uint32_t kAnswerRnr = 0xfffe;
 struct AnswerRecord {
   RecordHead head;
   uint32_t status;
@@ -420,7 +419,7 @@ constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
 // The format of what peers read and write in a node's area, as a number: the fabric refuses
 // to mix nodes whose builds differ in it (each would misread the other's memory). Bump
 // kAreaRevision for a change of meaning that no size below shows.
-constexpr uint32_t kAreaRevision = 3;
+constexpr uint32_t kAreaRevision = 4;
 constexpr uint32_t area_layout() {
   const uint64_t parts[] = {kAreaRevision,
                             sizeof(AreaRoot),
@@ -432,8 +431,9 @@ constexpr uint32_t area_layout() {
                             kCqSlotSize,
                             sizeof(RecvWqe),
                             sizeof(RingHeader),
-                            sizeof(EagerRecv),
-                            kEagerMax,
+                            sizeof(SendRecord),
+                            sizeof(DatagramRecord),
+                            kMaxRecordCells,
                             kMaxQps,
                             kMaxMrs,
                             offsetof(AreaRoot, qps),

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/engine.hpp"
+#include "engine/responder.hpp"
 
 namespace pcientb::engine {
 namespace {
@@ -237,7 +237,7 @@ void Node::serve_links() {
       for (uint32_t i = 1; i < kMaxMrs; ++i)
         if (mr_gen_[i] & 0x80) mrs.push_back(i);
       for (uint32_t i = 1; i < kMaxQps; ++i)
-        if (qps_[i]) qps.push_back(i);
+        if (qps_[i].load(std::memory_order_relaxed)) qps.push_back(i);
     }
     for (uint32_t i : mrs) push_mr_to(*raw, i);
     for (uint32_t i : qps) push_qp_to(*raw, i);
@@ -257,17 +257,47 @@ void Node::serve_requests(InLink &l) {
   // Nothing there (the common case of a poll): no locked instruction.
   if (!lane_peek(area, l.requests) || !l.mu.try_lock()) return;
   bool answered = false;
+  // A SEND's success acknowledges every request of its QP before it (as an
+  // IB ACK does): of a run of them, only the last is posted. The receive
+  // completions of the requests an answer covers are published after it.
+  AnswerRecord held{};
+  bool holding = false;
+  Receipt done[64];
+  uint32_t n_done = 0;
+  auto put = [&](AnswerRecord &a) {
+    lane_put(*fab_, *l.peer, l.answers, &a.head, sizeof a);
+    answered = true;
+  };
+  auto flush = [&] {
+    if (holding) put(held);
+    holding = false;
+    for (uint32_t i = 0; i < n_done; ++i) commit_receipt(*this, done[i]);
+    n_done = 0;
+  };
   while (const RecordHead *h = lane_peek(area, l.requests)) {
     if (h->type != kRecPad) {
-      // No room to answer: the rest waits (answers never wait for requests).
-      if (!lane_room(l.answers, sizeof(AnswerRecord))) break;
+      // No room to answer (the one held, and this one): the rest waits
+      // (answers never wait for requests).
+      if (!lane_room(l.answers, 2 * kCell)) break;
       AnswerRecord a{};
-      serve_request(*this, l.peer->lid(), *h, &a);
-      lane_put(*fab_, *l.peer, l.answers, &a.head, sizeof a);
-      answered = true;
+      Receipt r;
+      const bool send = h->type == kRecSend;
+      const bool answer = serve_request(*this, *l.peer, *h, &a, &r);
+      if (answer && send && a.status == IBV_WC_SUCCESS) {
+        if (holding && held.head.qpn != a.head.qpn) flush();
+        memcpy(static_cast<void *>(&held), &a, sizeof a);
+        holding = true;
+        done[n_done++] = r;
+        if (n_done == std::size(done)) flush();
+      } else {
+        flush();
+        if (answer) put(a);
+        commit_receipt(*this, r);
+      }
     }
     __atomic_store_n(&l.requests.head, l.requests.head + h->cells, __ATOMIC_RELAXED);
   }
+  flush();
   lane_credit(*fab_, *l.peer, l.requests);  // a requester short of room tries again
   l.mu.unlock();
   if (answered) fab_->doorbell(*l.peer);
@@ -293,19 +323,27 @@ void Node::take_answers(OutLink &l) {
   if (credited) fab_->doorbell(*l.peer);
 }
 
-void Node::answers_barrier() {
-  for (uint32_t lid = 1, top = links_top_.load(std::memory_order_acquire); lid < top; ++lid)
+void Node::links_barrier() {
+  for (uint32_t lid = 1, top = links_top_.load(std::memory_order_acquire); lid < top; ++lid) {
     if (OutLink *l = out_[lid].load(std::memory_order_acquire)) {
       l->ans_mu.lock();
       l->ans_mu.unlock();
     }
+    if (InLink *l = in_[lid].load(std::memory_order_acquire)) {
+      l->mu.lock();
+      l->mu.unlock();
+    }
+  }
 }
 
 void Node::service() {
   for (uint32_t lid = 1, top = links_top_.load(std::memory_order_acquire); lid < top; ++lid) {
+    // Answers first: a peer answers a request before its program can reply
+    // to it, so a send completion comes before the reply's receive, as an
+    // HCA's ACK does (perftest's event mode polls the send CQ after any event).
+    if (OutLink *l = out_[lid].load(std::memory_order_acquire); l && l->up.load()) take_answers(*l);
     if (InLink *l = in_[lid].load(std::memory_order_acquire); l && !l->peer->dead())
       serve_requests(*l);
-    if (OutLink *l = out_[lid].load(std::memory_order_acquire); l && l->up.load()) take_answers(*l);
   }
 }
 

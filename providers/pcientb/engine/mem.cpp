@@ -152,6 +152,12 @@ Ah *create_ah(Pd *pd, const ibv_ah_attr *attr, int *err) {
   ah->ibv.pd = &pd->ibv;
   ah->pd = pd;
   ah->attr = *attr;
+  // Asks for the link to the destination now: up by the first datagram.
+  Node &node = *pd->ctx->node;
+  if (fabric::Peer *peer = node.fab().peer(attr->dlid)) {
+    ah->peer.store(peer, std::memory_order_relaxed);
+    node.link(*peer);
+  }
   pd->users++;
   return ah;
 }

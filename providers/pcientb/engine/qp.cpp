@@ -10,9 +10,8 @@ namespace {
 
 // As an HCA's reset or destroy: the QP's completions not yet polled are gone.
 void discard_completions(Qp *qp) {
-  RqShared *srq = qp->srq ? qp->srq->sh : nullptr;
-  cq_discard_qp(qp->scq, qp->ibv->qp_num, srq);
-  if (qp->rcq != qp->scq) cq_discard_qp(qp->rcq, qp->ibv->qp_num, srq);
+  cq_discard_qp(qp->scq, qp->ibv->qp_num);
+  if (qp->rcq != qp->scq) cq_discard_qp(qp->rcq, qp->ibv->qp_num);
 }
 
 // Required and optional attributes of each transition (IBA 11.2.4.2, as the
@@ -234,6 +233,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
       qp->errored = false;
+      qp->resume.store(0, std::memory_order_relaxed);
       qp->peer = nullptr;
       qp->link = nullptr;
       qp->mirror = nullptr;
@@ -241,6 +241,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
     } else {
       if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT && !ud) {
         qp->peer = node.fab().peer(qp->attr.ah_attr.dlid);
+        ++qp->epoch;  // a new connection: the target forgets what it went back for
         qp->link = nullptr;
         qp->mirror = nullptr;
         if (qp->peer) qp->peer_nonce = qp->peer->nonce();
@@ -289,7 +290,7 @@ int destroy_qp(Qp *qp) {
   qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
   node.retire_qp(qp);
   node.push_qp(qp->idx);
-  node.answers_barrier();  // nobody hands an answer to it any more
+  node.links_barrier();  // nobody serves a request of it or hands it an answer any more
   discard_completions(qp);
   node.free(qp->rq_off);
   qp->pd->users--;
@@ -308,12 +309,11 @@ int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
   int err;
   {
     std::lock_guard<SpinLock> g(qp->rq_mu);
-    err = rq_post(qp->ctx->node->root(), qp->rq, qp->cap.max_recv_wr, wr, bad);
+    err = rq_post(qp->rq, qp->cap.max_recv_wr, wr, bad);
   }
   // Receives posted to a failed QP complete at once, flushed.
   if (qp->state() == IBV_QPS_ERR) {
-    Node &node = *qp->ctx->node;
-    rq_flush(node.fab(), node.self(), qp->sh);
+    rq_flush(*qp->ctx->node, qp->sh);
   }
   return err;
 }

@@ -20,6 +20,7 @@ constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60, 
                                       40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 constexpr uint64_t kLinkRetryNs = 20000;
+constexpr uint64_t kLinkWaitNs = 10000000;  // how long a datagram's post waits for a link
 // An answer (or a link) is waited for at least this long, whatever the QP's
 // timeout: it takes the target's CPU, which a loaded host may give it late.
 constexpr uint64_t kAnswerFloorNs = 1000000000;
@@ -36,19 +37,18 @@ uint64_t answer_wait_ns(const Qp *qp) {
                   transport_timeout_ns(qp->attr.timeout) * (qp->attr.retry_cnt + 1u));
 }
 
-// no_ack: the target did not answer (transport retry); busy: the link is
-// not up yet or its lane is full (tried again soon); sent: a request went
-// out, its answer completes the WR (Qp::sent).
-enum class Outcome { done, rnr, no_ack, busy, sent };
+// no_ack: the target QP is not ready for us (transport retry); busy: the
+// link is not up yet or its lane is full (tried again soon); sent: a
+// request went out, its answer completes the WR (Qp::sent).
+enum class Outcome { done, no_ack, busy, sent };
 struct Result {
   Outcome outcome;
   ibv_wc_status status;
   uint32_t byte_len;
-  uint8_t rnr_timer;
   uint32_t psn = 0;  // of the request, when sent
 };
 Result done(ibv_wc_status s, uint32_t len = 0) {
-  return {Outcome::done, s, len, 0};
+  return {Outcome::done, s, len};
 }
 
 // Success once the bytes are placed, if the peer was alive when they landed:
@@ -77,72 +77,56 @@ ibv_wc_status local_gather(Qp *qp, const SendWqe &w, bool dest, Gather *g) {
       return IBV_WC_LOC_PROT_ERR;
     g->ptr[g->n] = reinterpret_cast<const uint8_t *>(inl || !s.length ? s.addr : va_of(mr, s.addr));
     g->len[g->n] = s.length;
+    g->win[g->n] = inl || !s.length ? fabric::WindowId{} : mr.window;
     g->n++;
   }
   return IBV_WC_SUCCESS;
 }
 
-// The receive-side completion of a SEND or RDMA WRITE with immediate.
-ibv_wc recv_wc(Qp *qp, const SendWqe &w, QpShared *target, uint64_t wr_id, uint32_t len) {
-  ibv_wc wc{};
-  wc.wr_id = wr_id;
-  wc.status = IBV_WC_SUCCESS;
-  wc.opcode = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-  wc.byte_len = len;
-  wc.qp_num = target->qpn.load(std::memory_order_relaxed);
-  wc.src_qp = qp->ibv->qp_num;
-  wc.slid = qp->ctx->node->fab().lid();
-  if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-    wc.imm_data = w.imm;
-    wc.wc_flags |= IBV_WC_WITH_IMM;
+// A request's number in its QP's stream (go-back resends keep it): 0 is
+// never one.
+uint32_t stamp(Qp *qp, SendWqe &w, RecordHead *h, uint32_t dqpn) {
+  if (!w.psn && !++qp->next_psn) ++qp->next_psn;
+  if (!w.psn) w.psn = qp->next_psn;
+  h->qpn = dqpn;
+  h->psn = w.psn;
+  h->src_qpn = qp->ibv->qp_num;
+  h->epoch = qp->epoch;
+  return w.psn;
+}
+
+// Posts a record to the link's request lane and rings the target; busy when
+// the lane has no room (the target is behind: tried again soon).
+bool put_request(fabric::Fabric &fab, fabric::Peer &peer, OutLink &l, RecordHead *rec, size_t len) {
+  bool put;
+  {
+    std::lock_guard<SpinLock> g(l.req_mu);
+    put = lane_put(fab, peer, l.requests, rec, len);
   }
-  return wc;
+  if (put) fab.doorbell(peer);
+  return put;
 }
 
-// Notes in the sender's own memory the receive it just reserved at a peer,
-// until its entry is out: if this node dies in between, the peer posts that
-// receive again (Node::reclaim_from).
-void hold(Qp *qp, fabric::Peer &peer, const QpShared *target, uint64_t pos) {
-  QpShared::Holding &h = qp->sh->holding;
-  h.rq = target->srq ? target->srq : target->rq;
-  h.pos = pos;
-  h.target.store(peer.nonce(), std::memory_order_release);
-}
-
-// Completes an eager SEND (its bytes inside) or a WRITE with immediate at
-// the target QP qpn, for the receive WQE reserved at pos. False when the QP
-// was destroyed meanwhile: a WQE reserved from an SRQ goes back.
-bool complete_eager(fabric::Fabric &fab, fabric::Peer &peer, QpShared *holder, QpShared *target,
-                    uint32_t qpn, const SendWqe &w, uint64_t pos, const Gather &src, uint64_t len) {
-  auto *cq = at<CqShared>(peer.area(), target->rcq);
-  Off srq = target->srq;
-  bool arrived = complete_with(
-      fab, peer, target, cq, w.flags & IBV_SEND_SOLICITED,
-      [&](CqEntry &e) {
-        EagerRecv &r = e.eager;
-        r.rq_pos = pos;
-        r.qp_num = qpn;
-        r.byte_len = static_cast<uint32_t>(len);
-        r.imm_data = w.imm;
-        r.flags = 0;
-        if (w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-          r.flags |= kEagerImm;
-        if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-          r.flags |= kEagerWriteImm;
-        } else {
-          uint64_t at = 0;
-          for (uint32_t i = 0; i < src.n; ++i) {
-            if (src.len[i])
-              memcpy(r.data + at, src.ptr[i], src.len[i]);  // an empty SGE may be NULL
-            at += src.len[i];
-          }
-        }
-        e.sq_ticket = CqEntry::kEager | (srq & CqEntry::kEagerSrqMask);
-      },
-      qpn);
-  holder->holding.target.store(0, std::memory_order_release);  // announced (or void)
-  if (!arrived && srq) rq_give_back(at<RqShared>(peer.area(), srq), pos);
-  return arrived;
+// The message's bytes after its record: inline when they fit, else as the
+// pieces of this node's windows the target pulls them from. Returns the
+// record's length.
+size_t add_payload(SendRecord *r, const Gather &src, uint64_t len) {
+  auto *after = reinterpret_cast<uint8_t *>(r + 1);
+  r->byte_len = static_cast<uint32_t>(len);
+  r->pieces = 0;
+  if (len <= kRecordInline) {
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < src.n; ++i) {
+      if (src.len[i]) memcpy(after + at, src.ptr[i], src.len[i]);  // an empty SGE may be NULL
+      at += src.len[i];
+    }
+    return sizeof *r + len;
+  }
+  auto *p = reinterpret_cast<Piece *>(after);
+  for (uint32_t i = 0; i < src.n; ++i)
+    if (src.len[i])
+      p[r->pieces++] = Piece{src.win[i], reinterpret_cast<uint64_t>(src.ptr[i]), src.len[i]};
+  return sizeof *r + r->pieces * sizeof(Piece);
 }
 
 void fill_grh(Qp *qp, const Ah *ah, uint32_t payload, uint8_t *grh) {
@@ -160,8 +144,9 @@ void fill_grh(Qp *qp, const Ah *ah, uint32_t payload, uint8_t *grh) {
   memcpy(grh + 24, ah->attr.grh.dgid.raw, 16);
 }
 
-Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
-  fabric::Fabric &fab = qp->ctx->node->fab();
+Result execute_ud(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
+  Node &node = *qp->ctx->node;
+  fabric::Fabric &fab = node.fab();
   Ah *ah = w.ah;
   if (len > kMtu) return done(IBV_WC_LOC_LEN_ERR);
   fabric::Peer *peer = ah->peer.load(std::memory_order_acquire);
@@ -169,52 +154,45 @@ Result execute_ud(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     peer = fab.peer(ah->attr.dlid);
     ah->peer.store(peer, std::memory_order_release);
   }
-  // Unreliable datagrams to nobody, or to a QP that is not there, are lost.
+  // Unreliable datagrams to nobody are lost; the target drops those for a
+  // QP that is not there (or not ready, or of another Q_Key).
   if (!peer || !peer->live()) return done(IBV_WC_SUCCESS);
-  QpShared *t = &static_cast<AreaRoot *>(peer->area())->qps[w.remote_qpn & (kMaxQps - 1)];
-  uint32_t st = t->state.load(std::memory_order_acquire);
-  uint32_t qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
-  if (t->qpn.load(std::memory_order_acquire) != w.remote_qpn || t->type != IBV_QPT_UD ||
-      (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) || t->qkey != qkey)
-    return done(IBV_WC_SUCCESS);
-  auto *rq = at<RqShared>(peer->area(), t->srq ? t->srq : t->rq);
-  RecvCopy r;
-  if (!rq || !rq_take(fab, *peer, rq, &r)) return done(IBV_WC_SUCCESS);
-  auto *root = static_cast<AreaRoot *>(peer->area());
-  ibv_wc wc = recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len + kGrhBytes));
-  Gather body = src;
-  uint8_t grh[kGrhBytes];
-  uint64_t skip = kGrhBytes;
+  // The first datagram to a node waits briefly for the link, as a first
+  // use of an address resolves it: its completion then says it left.
+  OutLink *l = node.link(*peer);
+  for (uint64_t until = now_ns() + kLinkWaitNs; !l && now_ns() < until; l = node.link(*peer))
+    sched_yield();
+  if (!l) return {Outcome::busy, IBV_WC_SUCCESS, 0};
+  alignas(8) uint8_t buf[kMaxDatagramCells * kCell];
+  auto *r = new (buf) DatagramRecord{};
+  r->head.type = kRecDatagram;
+  r->head.qpn = w.remote_qpn;
+  r->head.src_qpn = qp->ibv->qp_num;
+  r->qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
+  r->solicited = (w.flags & IBV_SEND_SOLICITED) != 0;
+  r->byte_len = static_cast<uint32_t>(len);
+  if (w.opcode == IBV_WR_SEND_WITH_IMM) {
+    r->imm = w.imm;
+    r->flags |= kDgImm;
+  }
   if (ah->attr.is_global) {
-    // The GRH goes in front of the payload, as the first piece of the message.
-    fill_grh(qp, ah, static_cast<uint32_t>(len), grh);
-    body.n = 0;
-    body.ptr[0] = grh;
-    body.len[0] = kGrhBytes;
-    body.n = 1;
-    for (uint32_t i = 0; i < src.n && body.n <= kMaxSge; ++i) {
-      body.ptr[body.n] = src.ptr[i];
-      body.len[body.n++] = src.len[i];
-    }
-    skip = 0;
-    wc.wc_flags |= IBV_WC_GRH;
+    fill_grh(qp, ah, static_cast<uint32_t>(len), r->grh);
+    r->flags |= kDgGrh;
   }
-  ibv_wc_status s = scatter(fab, *peer, root, rq->pd, r, skip, body, skip ? len : len + kGrhBytes);
-  if (s != IBV_WC_SUCCESS) {
-    wc.status = s;
-    wc.byte_len = 0;
-  }
-  complete_to(fab, *peer, t, at<CqShared>(peer->area(), t->rcq), wc, w.flags & IBV_SEND_SOLICITED,
-              w.remote_qpn);
+  auto *after = buf + sizeof *r;
+  for (uint32_t i = 0, at = 0; i < src.n; at += static_cast<uint32_t>(src.len[i]), ++i)
+    if (src.len[i]) memcpy(after + at, src.ptr[i], src.len[i]);
+  if (!put_request(fab, *peer, *l, &r->head, sizeof *r + len))
+    return {Outcome::busy, IBV_WC_SUCCESS, 0};
   return done(IBV_WC_SUCCESS);
 }
 
-Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
+Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
   fabric::Fabric &fab = qp->ctx->node->fab();
   fabric::Peer *peer = qp->peer;
   if (!peer) {
     peer = qp->peer = fab.peer(qp->attr.ah_attr.dlid);
-    if (!peer) return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0, 0};
+    if (!peer) return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0};
     qp->peer_nonce = peer->nonce();
     qp->ctx->node->watch(peer);
   }
@@ -222,8 +200,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
   // The target's QP and MRs as it pushed them here: nothing is read from its memory.
   const Mirror *m = qp->mirror;
   if (!m) {
-    if (!(qp->link = qp->ctx->node->link(*peer)))
-      return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0, 0};
+    if (!(qp->link = qp->ctx->node->link(*peer))) return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0};
     m = qp->mirror = static_cast<const Mirror *>(qp->ctx->node->ptr(qp->link->mirror));
   }
   uint32_t dqpn = qp->attr.dest_qp_num;
@@ -232,18 +209,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
   if (!read_qp(m->qps[dqpn & (kMaxQps - 1)], &tv) || tv.qpn != dqpn || tv.type != IBV_QPT_RC ||
       (tv.state != IBV_QPS_RTR && tv.state != IBV_QPS_RTS && tv.state != IBV_QPS_SQD) ||
       tv.dest_qpn != qp->ibv->qp_num || tv.dest_lid != fab.lid())
-    return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0, 0};
-  // SENDs still reach the target's queues in its memory (issue 9: to move to
-  // messages), and check the QP there too: a sender may have failed it
-  // (responder error, CQ overrun) or it may be going away under them.
-  auto *root = static_cast<AreaRoot *>(peer->area());
-  QpShared *t = &root->qps[dqpn & (kMaxQps - 1)];
-  if (op_info(w.opcode)->recv_wc) {
-    uint32_t st = t->state.load(std::memory_order_acquire);
-    if (t->qpn.load(std::memory_order_acquire) != dqpn ||
-        (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD))
-      return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0, 0};
-  }
+    return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0};
 
   MrShared mr;
   auto remote_ok = [&](uint32_t need, uint64_t n) {
@@ -253,6 +219,11 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
     return s == fabric::MoveStatus::ok          ? IBV_WC_SUCCESS
            : s == fabric::MoveStatus::peer_dead ? IBV_WC_RETRY_EXC_ERR
                                                 : IBV_WC_REM_ACCESS_ERR;
+  };
+  auto sent = [&](RecordHead *h, size_t rec_len) -> Result {
+    if (!put_request(fab, *peer, *qp->link, h, rec_len))
+      return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0};
+    return {Outcome::sent, IBV_WC_SUCCESS, 0, h->psn};
   };
 
   switch (w.opcode) {
@@ -267,35 +238,7 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
       }
       return landed(*peer, len);
     }
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
-      if (len != 8 || src.n != 1) return done(IBV_WC_LOC_LEN_ERR);
-      if (w.remote_addr & 7) return done(IBV_WC_REM_INV_REQ_ERR);
-      if (!remote_ok(IBV_ACCESS_REMOTE_ATOMIC, 8)) return done(IBV_WC_REM_ACCESS_ERR);
-      // Executed by the target, atomic against its own CPU and every other
-      // initiator; the answer carries the old value.
-      AtomicRecord r{};
-      r.head.type = kRecAtomic;
-      r.head.qpn = dqpn;
-      r.head.psn = ++qp->next_psn;
-      r.src_qpn = qp->ibv->qp_num;
-      r.rkey = w.rkey;
-      r.addr = w.remote_addr;
-      r.compare_add = w.compare_add;
-      r.swap = w.swap;
-      r.op = w.opcode;
-      OutLink &l = *qp->link;
-      bool put;
-      {
-        std::lock_guard<SpinLock> g(l.req_mu);
-        put = lane_put(fab, *peer, l.requests, &r.head, sizeof r);
-      }
-      if (!put) return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0, 0};
-      fab.doorbell(*peer);
-      return {Outcome::sent, IBV_WC_SUCCESS, 0, 0, r.head.psn};
-    }
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: {
+    case IBV_WR_RDMA_WRITE: {
       // A zero-length write touches no memory and needs no valid rkey.
       if (len && !remote_ok(IBV_ACCESS_REMOTE_WRITE, len)) return done(IBV_WC_REM_ACCESS_ERR);
       uint64_t off = 0;
@@ -305,61 +248,48 @@ Result execute_rc(Qp *qp, const SendWqe &w, const Gather &src, uint64_t len) {
         if (s != fabric::MoveStatus::ok) return done(moved(s));
         off += src.len[i];
       }
-      if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return landed(*peer, len);
-      // The receive is taken once the data is in place (nothing holds it if
-      // the write fails); an RNR retry writes the data again.
-      auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
-      uint64_t pos = 0;
-      if (!rq || rq_reserve(fab, *peer, t, rq, &qp->peer_rq, -1, &pos) != Reserve::ok)
-        return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
-      hold(qp, *peer, t, pos);
-      if (!complete_eager(fab, *peer, qp->sh, t, dqpn, w, pos, src, len))
-        return done(IBV_WC_RETRY_EXC_ERR);
       return landed(*peer, len);
     }
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: {
+      if (len != 8 || src.n != 1) return done(IBV_WC_LOC_LEN_ERR);
+      if (w.remote_addr & 7) return done(IBV_WC_REM_INV_REQ_ERR);
+      if (!remote_ok(IBV_ACCESS_REMOTE_ATOMIC, 8)) return done(IBV_WC_REM_ACCESS_ERR);
+      // Executed by the target, atomic against its own CPU and every other
+      // initiator; the answer carries the old value.
+      AtomicRecord r{};
+      r.head.type = kRecAtomic;
+      stamp(qp, w, &r.head, dqpn);
+      r.rkey = w.rkey;
+      r.addr = w.remote_addr;
+      r.compare_add = w.compare_add;
+      r.swap = w.swap;
+      r.op = w.opcode;
+      return sent(&r.head, sizeof r);
+    }
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: {
-      auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
-      if (!rq) return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
-      if (len <= kEagerMax) {
-        uint64_t pos;
-        Reserve got =
-            rq_reserve(fab, *peer, t, rq, &qp->peer_rq, static_cast<int>(eager_class(len)), &pos);
-        if (got == Reserve::empty)
-          return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
-        if (got == Reserve::ok) {
-          hold(qp, *peer, t, pos);
-          if (!complete_eager(fab, *peer, qp->sh, t, dqpn, w, pos, src, len))
-            return done(IBV_WC_RETRY_EXC_ERR);
-          return landed(*peer, len);
-        }
-        // unfit: the receive may be too small or bad; it answers as below.
-      }
-      RecvCopy r;
-      if (!rq_take(fab, *peer, rq, &r))
-        return {Outcome::rnr, IBV_WC_RNR_RETRY_EXC_ERR, 0, t->min_rnr_timer};
-      ibv_wc_status s = scatter(fab, *peer, root, rq->pd, r, 0, src, len);
-      ibv_wc wc = recv_wc(qp, w, t, r.wr_id, static_cast<uint32_t>(len));
-      if (s == IBV_WC_RETRY_EXC_ERR) return done(s);
-      if (s != IBV_WC_SUCCESS) {
-        // The responder completes the receive in error and its QP fails; the
-        // requester is told its request was invalid.
-        wc.status = s;
-        wc.byte_len = 0;
-        responder_error(fab, *peer, t, wc);
-        return done(s == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
-      }
-      if (!complete_to(fab, *peer, t, at<CqShared>(root, t->rcq), wc, w.flags & IBV_SEND_SOLICITED,
-                       dqpn))
-        return done(IBV_WC_RETRY_EXC_ERR);  // its QP is gone (a WQE taken from an SRQ with it)
-      return landed(*peer, len);
+      // Executed by the target: it takes the receive from its own queue,
+      // places the bytes (a WRITE's after checking the rkey in its own
+      // table) and completes into its own CQ; the answer completes the WR.
+      alignas(8) uint8_t buf[kMaxRecordCells * kCell];
+      auto *r = new (buf) SendRecord{};
+      r->head.type = kRecSend;
+      stamp(qp, w, &r->head, dqpn);
+      r->opcode = w.opcode;
+      r->solicited = (w.flags & IBV_SEND_SOLICITED) != 0;
+      r->imm = w.imm;
+      r->remote_addr = w.remote_addr;
+      r->rkey = w.rkey;
+      return sent(&r->head, add_payload(r, src, len));
     }
     default:
       return done(IBV_WC_LOC_QP_OP_ERR);
   }
 }
 
-Result execute(Qp *qp, const SendWqe &w) {
+Result execute(Qp *qp, SendWqe &w) {
   bool dest = op_info(w.opcode)->local_dest;  // a posted WR's opcode is supported
   Gather src;
   ibv_wc_status s = local_gather(qp, w, dest, &src);
@@ -374,7 +304,7 @@ void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len)
   qp->stats->count_tx(w.opcode, status, total_length(w));
   if (status == IBV_WC_SUCCESS && !qp->sig_all && !(w.flags & IBV_SEND_SIGNALED)) return;
   Node &node = *qp->ctx->node;
-  complete_with(node.fab(), node.self(), qp->sh, qp->scq->sh, false, [&](CqEntry &e) {
+  complete_with(node, qp->sh, qp->scq->sh, false, [&](CqEntry &e) {
     e.wc = ibv_wc{};
     e.wc.wr_id = w.wr_id;
     e.wc.status = status;
@@ -400,8 +330,8 @@ void enter_error_locked(Qp *qp) {
     qp->backlog.pop_front();
   }
   Node &node = *qp->ctx->node;
-  rq_flush(node.fab(), node.self(), qp->sh);
-  if (!qp->errored) last_wqe_reached(node.fab(), node.self(), qp->sh);
+  rq_flush(node, qp->sh);
+  if (!qp->errored) last_wqe_reached(node, qp->sh);
   qp->errored = true;
 }
 
@@ -417,6 +347,33 @@ void drain_sent(Qp *qp) {
       return;
     }
   }
+}
+
+// Whether a WR travels to the target as a request (it is executed there,
+// in the QP's order, and answered): SENDs, WRITEs with immediate, atomics.
+bool travels(const SendWqe &w) {
+  const OpInfo &op = *op_info(w.opcode);
+  return w.ah == nullptr && (op.recv_wc || is_atomic(op));
+}
+
+// A WR the requester executes itself (RDMA WRITE or READ) waits for the
+// answers to the requests before it: it would otherwise land first (a WRITE
+// over the bytes of an atomic before it, or past an RNR'd SEND).
+bool behind_answers(const Qp *qp, const SendWqe &w) {
+  return qp->unanswered && !travels(w);
+}
+
+// A WR that may be executed again (it waits, or a go-back may resend it)
+// keeps its inline data: the caller's buffer may be reused once posted.
+void own_inline(SendWqe &k) {
+  if (!(k.flags & IBV_SEND_INLINE) || !k.inline_copy.empty()) return;
+  for (uint32_t i = 0; i < k.num_sge; ++i) {
+    auto *p = reinterpret_cast<const uint8_t *>(k.sge[i].addr);
+    k.inline_copy.insert(k.inline_copy.end(), p, p + k.sge[i].length);
+  }
+  k.num_sge = 1;
+  k.sge[0] = ibv_sge{reinterpret_cast<uint64_t>(k.inline_copy.data()),
+                     static_cast<uint32_t>(k.inline_copy.size()), 0};
 }
 
 // Applies one attempt's result to w (not in the backlog, or its front): a
@@ -436,78 +393,72 @@ Settled settle(Qp *qp, SendWqe &w, const Result &r) {
     return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
   }
   if (r.outcome == Outcome::sent) {
-    w.psn = r.psn;
+    own_inline(w);
     w.done = false;
-    w.deadline_ns = now_ns() + answer_wait_ns(qp);
+    // A second or more away: the coarse clock (a few ms behind) is close enough.
+    w.deadline_ns = coarse_now_ns() + answer_wait_ns(qp);
     qp->sent.push_back(std::move(w));
     ++qp->unanswered;
     return Settled::sent;
   }
   if (r.outcome == Outcome::busy) {
     // The link comes up within a doorbell and a push; a peer that never
-    // answers fails the WR as an unanswered one would.
+    // answers fails the WR as an unanswered one would (a datagram is lost).
     uint64_t now = now_ns();
     if (!w.link_deadline_ns) w.link_deadline_ns = now + answer_wait_ns(qp);
     if (now > w.link_deadline_ns) {
-      complete(qp, w, IBV_WC_RETRY_EXC_ERR, 0);
-      return Settled::failed;
+      complete(qp, w, r.status, 0);
+      return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
     }
     w.not_before_ns = now + kLinkRetryNs;
     return Settled::waits;
   }
-  int &left = r.outcome == Outcome::rnr ? w.rnr_left : w.retry_left;
-  if (left == 0) {
+  if (w.retry_left == 0) {
     complete(qp, w, r.status, 0);
     return Settled::failed;
   }
-  (r.outcome == Outcome::rnr ? qp->stats->rnr_retries : qp->stats->transport_retries).add(1);
-  if (left > 0) --left;
-  uint64_t wait = r.outcome == Outcome::rnr ? uint64_t{kRnrTimerUs[r.rnr_timer & 31]} * 1000
-                                            : transport_timeout_ns(qp->attr.timeout);
-  w.not_before_ns = now_ns() + wait;
+  qp->stats->transport_retries.add(1);
+  if (w.retry_left > 0) --w.retry_left;
+  w.not_before_ns = now_ns() + transport_timeout_ns(qp->attr.timeout);
   return Settled::waits;
 }
 
-// A WR that waits keeps its inline data: the caller's buffer may be reused.
 void keep(Qp *qp, SendWqe &&w) {
+  own_inline(w);
   qp->backlog.push_back(std::move(w));
-  SendWqe &k = qp->backlog.back();
-  if ((k.flags & IBV_SEND_INLINE) && k.inline_copy.empty()) {
-    for (uint32_t i = 0; i < k.num_sge; ++i) {
-      auto *p = reinterpret_cast<const uint8_t *>(k.sge[i].addr);
-      k.inline_copy.insert(k.inline_copy.end(), p, p + k.sge[i].length);
-    }
-    k.num_sge = 1;
-    k.sge[0] = ibv_sge{reinterpret_cast<uint64_t>(k.inline_copy.data()),
-                       static_cast<uint32_t>(k.inline_copy.size()), 0};
-  }
 }
 
-// With sq_mu held. Returns whether the progress thread must look at the QP.
-bool submit(Qp *qp, SendWqe &&w) {
+// The sooner of two times the progress thread must look at a QP (0: never).
+uint64_t sooner(uint64_t a, uint64_t b) {
+  return !a ? b : !b ? a : std::min(a, b);
+}
+
+// With sq_mu held. Returns when the progress thread must look at the QP
+// (1: now; 0: no need).
+uint64_t submit(Qp *qp, SendWqe &&w) {
   ibv_qp_state st = qp->state();
   if (st == IBV_QPS_ERR) {
     complete(qp, w, IBV_WC_WR_FLUSH_ERR, 0);
-    return false;
+    return 0;
   }
   w.rnr_left = qp->attr.rnr_retry == 7 ? -1 : qp->attr.rnr_retry;
   w.retry_left = qp->attr.retry_cnt;
   w.not_before_ns = 0;
   w.link_deadline_ns = 0;
-  // Behind a request not answered yet, a WR waits: the target executes a
-  // QP's requests in order, and this one could otherwise land first (a
-  // WRITE over the bytes of an atomic before it). The answer runs it.
-  if (!qp->backlog.empty() || st != IBV_QPS_RTS || qp->unanswered) {
+  // Requests go out while others wait for their answers (the target takes
+  // them in order); WRs executed here wait for those answers.
+  if (!qp->backlog.empty() || st != IBV_QPS_RTS || behind_answers(qp, w)) {
     keep(qp, std::move(w));
-    return st == IBV_QPS_RTS && !qp->unanswered;
+    return st == IBV_QPS_RTS && !behind_answers(qp, qp->backlog.front()) ? 1 : 0;
   }
   Settled r = settle(qp, w, execute(qp, w));
   if (r == Settled::failed) enter_error_locked(qp);
-  // The progress thread watches the answers' deadlines while any is due.
-  if (r == Settled::sent) return qp->sent.size() == 1;
-  if (r != Settled::waits) return false;
+  // The progress thread watches the answers' deadlines while any is due
+  // (a QP with older requests out is watched already).
+  if (r == Settled::sent) return qp->sent.size() == 1 ? qp->sent.back().deadline_ns : 0;
+  if (r != Settled::waits) return 0;
   keep(qp, std::move(w));
-  return true;
+  return 1;
 }
 
 void to_wqe(const ibv_send_wr *wr, SendWqe *w) {
@@ -559,7 +510,7 @@ int check_send_wr(Qp *qp, const ibv_send_wr *wr) {
 }
 
 int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {
-  bool kick = false;
+  uint64_t due = 0;
   int err = 0;
   {
     std::lock_guard<SpinLock> g(qp->sq_mu);
@@ -582,32 +533,32 @@ int post_send(Qp *qp, const ibv_send_wr *wr, ibv_send_wr **bad) {
         w.remote_qpn = wr->wr.ud.remote_qpn;
         w.remote_qkey = wr->wr.ud.remote_qkey;
       }
-      kick |= submit(qp, std::move(w));
+      due = sooner(due, submit(qp, std::move(w)));
     }
     qp->stats->sq_posted.set(qp->sq_posted);
   }
-  if (kick) qp->ctx->node->schedule(qp);
+  if (due) qp->ctx->node->schedule(qp, due);
   return err;
 }
 
 int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
-  bool kick = false;
+  uint64_t due = 0;
   {
     std::lock_guard<SpinLock> g(qp->sq_mu);
     if (qp->sq_posted + n - qp->ctx->node->sq_retired(qp->idx) > qp->cap.max_send_wr) return ENOMEM;
     for (size_t i = 0; i < n; ++i) {
       wqes[i].seq = ++qp->sq_posted;
-      kick |= submit(qp, std::move(wqes[i]));
+      due = sooner(due, submit(qp, std::move(wqes[i])));
     }
     qp->stats->sq_posted.set(qp->sq_posted);
   }
-  if (kick) qp->ctx->node->schedule(qp);
+  if (due) qp->ctx->node->schedule(qp, due);
   return 0;
 }
 
 namespace {
 uint64_t run_backlog(Qp *qp, uint64_t next);
-bool answer_locked(Qp *qp, const AnswerRecord &a);
+uint64_t answer_locked(Qp *qp, const AnswerRecord &a);
 }  // namespace
 
 uint64_t progress_qp(Qp *qp) {
@@ -643,7 +594,7 @@ namespace {
 // Returns when to look again (0: only an answer or a post will need it).
 uint64_t run_backlog(Qp *qp, uint64_t next) {
   uint64_t now;
-  while (!qp->backlog.empty() && !qp->unanswered) {
+  while (!qp->backlog.empty() && !behind_answers(qp, qp->backlog.front())) {
     SendWqe &w = qp->backlog.front();
     now = now_ns();
     if (w.not_before_ns > now) return next ? std::min(next, w.not_before_ns) : w.not_before_ns;
@@ -665,27 +616,57 @@ uint64_t run_backlog(Qp *qp, uint64_t next) {
 }  // namespace
 
 void qp_answer(Qp *qp, const AnswerRecord &a) {
-  bool kick = false;
+  uint64_t due;
   {
     std::lock_guard<SpinLock> g(qp->sq_mu);
-    kick = answer_locked(qp, a);
+    due = answer_locked(qp, a);
   }
-  if (kick) qp->ctx->node->schedule(qp);
+  if (due) qp->ctx->node->schedule(qp, due);
 }
 
 namespace {
-// With sq_mu held; returns whether the progress thread must look at the QP.
-bool answer_locked(Qp *qp, const AnswerRecord &a) {
-  auto it = std::find_if(qp->sent.begin(), qp->sent.end(),
-                         [&](const SendWqe &w) { return !w.done && w.psn == a.head.psn; });
-  if (it == qp->sent.end()) return false;  // flushed, or not ours
-  SendWqe &w = *it;
+// With sq_mu held; returns when the progress thread must look at the QP (0: no need).
+uint64_t answer_locked(Qp *qp, const AnswerRecord &a) {
+  WqeQueue &sent = qp->sent;
+  size_t k = 0;
+  while (k < sent.size() && (sent[k].done || sent[k].psn != a.head.psn)) ++k;
+  if (k == sent.size()) return 0;  // flushed, or not ours
+  SendWqe &w = sent[k];
+  if (a.status == kAnswerRnr && w.rnr_left != 0) {
+    // Receiver not ready: the target drops the QP's requests until this one
+    // comes again, so it and every WR after it go back to the backlog's
+    // front, in order, and are sent again after the timer.
+    qp->stats->rnr_retries.add(1);
+    if (w.rnr_left > 0) --w.rnr_left;
+    w.not_before_ns = now_ns() + uint64_t{kRnrTimerUs[a.value & 31]} * 1000;
+    while (sent.size() > k) {  // from the back: pushed to the front, they keep their order
+      SendWqe &x = sent.back();
+      if (!x.done) --qp->unanswered;
+      x.done = false;
+      x.link_deadline_ns = 0;
+      qp->backlog.push_front(std::move(x));
+      sent.pop_back();
+    }
+    return 1;
+  }
   w.done = true;
   w.byte_len = 0;
   --qp->unanswered;
-  if (a.status == IBV_WC_SUCCESS) {
+  if (a.status == kAnswerRnr) {
+    w.status = IBV_WC_RNR_RETRY_EXC_ERR;
+  } else if (a.status == IBV_WC_SUCCESS) {
     w.status = IBV_WC_SUCCESS;
-    if (is_atomic(*op_info(w.opcode))) {
+    if (!is_atomic(*op_info(w.opcode))) {
+      // Cumulative: the target answers only the last of a run of successful
+      // SENDs (an atomic before it was answered on its own).
+      for (size_t j = 0; j < k; ++j)
+        if (SendWqe &x = sent[j]; !x.done && !is_atomic(*op_info(x.opcode))) {
+          x.done = true;
+          x.status = IBV_WC_SUCCESS;
+          x.byte_len = 0;
+          --qp->unanswered;
+        }
+    } else {
       // The old value lands in the WR's local buffer, checked again now.
       MrShared mr;
       const ibv_sge &d = w.sge[0];
@@ -707,9 +688,10 @@ bool answer_locked(Qp *qp, const AnswerRecord &a) {
   drain_sent(qp);
   // WRs that waited for this answer go now; later deadlines are the
   // progress thread's, which watches the QP while requests are out.
-  if (qp->state() == IBV_QPS_RTS && !qp->backlog.empty() && !qp->unanswered)
-    return run_backlog(qp, 0) != 0;
-  return false;
+  if (qp->state() == IBV_QPS_RTS && !qp->backlog.empty() &&
+      !behind_answers(qp, qp->backlog.front()))
+    return run_backlog(qp, 0);
+  return 0;
 }
 }  // namespace
 

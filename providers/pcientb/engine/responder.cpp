@@ -1,7 +1,9 @@
-// What the target side of a transfer does: receive queues (a QP's own and
-// SRQs), key checks against the target's MR table, delivery into posted
-// receives, and responder errors. Run by whichever node moves the data: the
-// target's CPU takes no part.
+// What the target side of a transfer does, on its own node: receive queues
+// (a QP's own and SRQs), key checks against its own MR table, the requests
+// peers post to its lanes (SENDs, WRITEs with immediate, atomics, UD
+// datagrams), delivery into posted receives and completions into its own
+// CQs, and responder errors. Nothing here touches a peer's memory except to
+// pull a large message from the requester's window (the DMA role).
 #include "engine/responder.hpp"
 
 #include <cerrno>
@@ -24,15 +26,6 @@ bool receive_room(AreaRoot *root, uint32_t pd, const ibv_sge *sge, uint32_t n, M
   }
   return true;
 }
-
-// Whether a receive can take `need` bytes. The whole receive is checked
-// first: nothing moves into a receive that fails.
-ibv_wc_status check_receive(AreaRoot *root, uint32_t pd, const ibv_sge *sge, uint32_t n,
-                            uint64_t need, MrShared *mrs) {
-  uint64_t room;
-  if (!receive_room(root, pd, sge, n, mrs, &room)) return IBV_WC_LOC_PROT_ERR;
-  return room < need ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
-}
 }  // namespace
 
 // ---- receive queues ------------------------------------------------------------
@@ -54,25 +47,14 @@ void rq_reset(RqShared *rq) {
   rq->released.store(base, std::memory_order_release);
 }
 
-namespace {
-// Gives a consumed WQE's slot back and counts it.
-void rq_release(RqShared *rq, RingSlot *s, uint64_t pos) {
-  ring_release(&rq->ring, s, pos);
-  rq->released.fetch_add(1, std::memory_order_acq_rel);
-}
-}  // namespace
-
-int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr,
-            ibv_recv_wr **bad) {
+int rq_post(RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
   RingHeader *r = &rq->ring;
   for (; wr; wr = wr->next) {
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > rq->max_sge) {
       *bad = const_cast<ibv_recv_wr *>(wr);
       return EINVAL;
     }
-    // Full when max_wr WQEs are posted and not consumed; the slot at the
-    // tail must be free too (the ring is at least max_wr + 1 slots, but a
-    // WQE held for long, its completion unpolled, can still be in the way).
+    // Full when max_wr WQEs are posted and not consumed.
     uint64_t pos = r->tail.load(std::memory_order_relaxed);
     bool vacant = pos - rq->released.load(std::memory_order_acquire) < max_wr;
     RingSlot *s = ring_slot(r, pos);
@@ -80,37 +62,17 @@ int rq_post(AreaRoot *root, RqShared *rq, uint32_t max_wr, const ibv_recv_wr *wr
       *bad = const_cast<ibv_recv_wr *>(wr);
       return ENOMEM;
     }
-    // What eager senders may assume of this WQE without reading it.
-    MrShared mrs[kMaxSge];
-    uint64_t room;
-    bool valid =
-        receive_room(root, rq->pd, wr->sg_list, static_cast<uint32_t>(wr->num_sge), mrs, &room);
-    for (uint32_t c = 0; c < kEagerClasses; ++c)
-      if (!valid || room < kEagerRoom[c])
-        rq->unfit_below[c].store(pos + 1, std::memory_order_relaxed);
     auto *w = reinterpret_cast<RecvWqe *>(s);
     w->wr_id = wr->wr_id;
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
     if (w->num_sge) memcpy(w->sge, wr->sg_list, sizeof(ibv_sge) * w->num_sge);
     ring_publish(r, s, pos);
-    // The tail moves last: a sender that sees it sees the WQE and its class.
     r->tail.store(pos + 1, std::memory_order_release);
   }
   return 0;
 }
 
-namespace {
-// SRQ limit: one event when the queue falls below it, then disarmed.
-void check_limit(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq) {
-  uint32_t limit = rq->limit.load(std::memory_order_relaxed);
-  if (limit && ring_count(&rq->ring) < limit && rq->limit.compare_exchange_strong(limit, 0)) {
-    AsyncRecord rec{rq->handle, IBV_EVENT_SRQ_LIMIT_REACHED, 0};
-    ring_doorbell(fab, owner, rq->async, &rec, sizeof rec);
-  }
-}
-}  // namespace
-
-bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *out) {
+bool rq_take(Node &node, RqShared *rq, RecvCopy *out) {
   uint64_t pos;
   RingSlot *s = ring_take(&rq->ring, &pos);
   if (!s) return false;
@@ -118,56 +80,30 @@ bool rq_take(fabric::Fabric &fab, fabric::Peer &owner, RqShared *rq, RecvCopy *o
   out->wr_id = w->wr_id;
   out->num_sge = std::min(w->num_sge, kMaxSge);
   memcpy(out->sge, w->sge, sizeof(ibv_sge) * out->num_sge);
-  rq_release(rq, s, pos);
-  check_limit(fab, owner, rq);
+  ring_release(&rq->ring, s, pos);
+  rq->released.fetch_add(1, std::memory_order_acq_rel);
+  // SRQ limit: one event when the queue falls below it, then disarmed.
+  uint32_t limit = rq->limit.load(std::memory_order_relaxed);
+  if (limit && ring_count(&rq->ring) < limit && rq->limit.compare_exchange_strong(limit, 0)) {
+    AsyncRecord rec{rq->handle, IBV_EVENT_SRQ_LIMIT_REACHED, 0};
+    ring_doorbell(node.fab(), node.self(), rq->async, &rec, sizeof rec);
+  }
   return true;
 }
 
-void rq_reclaim(AreaRoot *root, RqShared *rq, uint32_t max_wr, uint64_t pos) {
-  RingHeader *r = &rq->ring;
-  RingSlot *s = ring_slot(r, pos);
-  if (pos >= r->head.load(std::memory_order_acquire) || ring_seq(r, s, pos) != pos + 1) return;
-  auto *w = reinterpret_cast<RecvWqe *>(s);
-  ibv_sge sge[kMaxSge];
-  ibv_recv_wr wr{};
-  wr.wr_id = w->wr_id;
-  wr.num_sge = static_cast<int>(std::min(w->num_sge, kMaxSge));
-  wr.sg_list = sge;
-  memcpy(sge, w->sge, sizeof(ibv_sge) * wr.num_sge);
-  rq_release(rq, s, pos);
-  ibv_recv_wr *bad = nullptr;
-  if (rq_post(root, rq, max_wr, &wr, &bad)) {
-    // The application took the room meanwhile: the receive is gone, as one
-    // an HCA discards with a destroyed QP's completions.
+void rq_flush(Node &node, QpShared *qp) {
+  auto *rq = static_cast<RqShared *>(node.ptr(qp->rq));
+  auto *rcq = static_cast<CqShared *>(node.ptr(qp->rcq));
+  if (!rq || !rcq) return;
+  RecvCopy r;
+  while (rq_take(node, rq, &r)) {
+    ibv_wc wc{};
+    wc.wr_id = r.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qp->qpn.load(std::memory_order_relaxed);
+    complete_to(node, qp, rcq, wc, true);  // the QP is in ERR: an overrun drops it
   }
-}
-
-void rq_give_back(RqShared *rq, uint64_t pos) {
-  RingSlot *s = ring_slot(&rq->ring, pos);
-  if (ring_seq(&rq->ring, s, pos) == pos + 1) rq_release(rq, s, pos);
-}
-
-Reserve rq_reserve(fabric::Fabric &fab, fabric::Peer &owner, QpShared *target, RqShared *rq,
-                   RqView *view, int cls, uint64_t *pos_out) {
-  uint32_t qpn = target->qpn.load(std::memory_order_relaxed);
-  if (view->rq != rq || view->qpn != qpn) *view = RqView{rq, qpn};
-  RingHeader *r = &rq->ring;
-  uint64_t pos = r->head.load(std::memory_order_relaxed);
-  for (;;) {
-    if (pos >= view->tail || (cls >= 0 && pos < view->unfit_below[cls])) {
-      // What this sender knew is used up: one look at the owner's lines.
-      view->tail = r->tail.load(std::memory_order_acquire);
-      for (uint32_t c = 0; c < kEagerClasses; ++c)
-        view->unfit_below[c] = rq->unfit_below[c].load(std::memory_order_relaxed);
-      pos = r->head.load(std::memory_order_relaxed);
-      if (pos >= view->tail) return Reserve::empty;
-      if (cls >= 0 && pos < view->unfit_below[cls]) return Reserve::unfit;
-    }
-    if (r->head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
-  }
-  *pos_out = pos;
-  check_limit(fab, owner, rq);
-  return Reserve::ok;
 }
 
 // ---- memory checks -------------------------------------------------------------
@@ -210,169 +146,265 @@ bool read_qp(const QpMirror &m, QpView *out) {
   return false;
 }
 
-// ---- delivery -------------------------------------------------------------------
+// ---- errors ------------------------------------------------------------------------
 
-ibv_wc_status scatter(fabric::Fabric &fab, fabric::Peer &peer, AreaRoot *root, uint32_t pd,
-                      const RecvCopy &r, uint64_t skip, const Gather &src, uint64_t len) {
-  MrShared mrs[kMaxSge];
-  ibv_wc_status st = check_receive(root, pd, r.sge, r.num_sge, skip + len, mrs);
-  if (st != IBV_WC_SUCCESS) return st;
-  uint64_t done = 0;  // bytes of the message placed
-  uint64_t pos = 0;   // position in the receive's scatter list
-  uint32_t si = 0;
-  uint64_t soff = 0;  // position in the source's current piece
-  for (uint32_t i = 0; i < r.num_sge && done < len; ++i) {
-    const ibv_sge &g = r.sge[i];
-    uint64_t begin = pos, end = pos + g.length;
-    pos = end;
-    if (end <= skip) continue;
-    uint64_t at = begin < skip ? skip - begin : 0;
-    while (at < g.length && done < len) {
-      while (si < src.n && soff == src.len[si]) {
-        ++si;
-        soff = 0;
-      }
-      if (si == src.n) break;
-      uint64_t n = std::min<uint64_t>({g.length - at, src.len[si] - soff, len - done});
-      auto s = fab.write(peer, mrs[i].window, va_of(mrs[i], g.addr + at), src.ptr[si] + soff, n);
-      if (s == fabric::MoveStatus::peer_dead) return IBV_WC_RETRY_EXC_ERR;
-      if (s != fabric::MoveStatus::ok) return IBV_WC_LOC_PROT_ERR;
-      at += n;
-      soff += n;
-      done += n;
-    }
-  }
-  return IBV_WC_SUCCESS;
-}
-
-void qp_overran(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp) {
+void qp_overran(Node &node, QpShared *qp) {
   uint32_t s = qp->state.load();
   while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
          !qp->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
   }
   if (s == IBV_QPS_ERR || s == IBV_QPS_RESET) return;  // failed already: one event
+  node.push_qp(static_cast<uint32_t>(qp - node.root()->qps));
   AsyncRecord rec{qp->handle, IBV_EVENT_QP_FATAL, 0};
-  ring_doorbell(fab, owner, qp->async, &rec, sizeof rec);
-  last_wqe_reached(fab, owner, qp);
+  ring_doorbell(node.fab(), node.self(), qp->async, &rec, sizeof rec);
+  last_wqe_reached(node, qp);
 }
 
-void last_wqe_reached(fabric::Fabric &fab, fabric::Peer &owner, QpShared *qp) {
+void last_wqe_reached(Node &node, QpShared *qp) {
   if (!qp->srq) return;
   AsyncRecord rec{qp->handle, IBV_EVENT_QP_LAST_WQE_REACHED, 0};
-  ring_doorbell(fab, owner, qp->async, &rec, sizeof rec);
+  ring_doorbell(node.fab(), node.self(), qp->async, &rec, sizeof rec);
 }
 
-void fail_target(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
-  uint32_t s = target->state.load();
+void fail_target(Node &node, QpShared *qp) {
+  uint32_t s = qp->state.load();
   while (s != IBV_QPS_ERR && s != IBV_QPS_RESET &&
-         !target->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
+         !qp->state.compare_exchange_weak(s, IBV_QPS_ERR)) {
   }
   if (s == IBV_QPS_RESET) return;
-  rq_flush(fab, peer, target);
-  if (s != IBV_QPS_ERR) last_wqe_reached(fab, peer, target);
-}
-
-void responder_error(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target, const ibv_wc &wc) {
-  complete_to(fab, peer, target, at<CqShared>(peer.area(), target->rcq), wc, true);
-  fail_target(fab, peer, target);
-}
-
-bool deliver_eager(Node &node, const EagerRecv &e, Off srq, ibv_wc *wc) {
-  AreaRoot *root = node.root();
-  QpShared *t = &root->qps[e.qp_num & (kMaxQps - 1)];
-  if (t->qpn.load(std::memory_order_acquire) != e.qp_num) {
-    // Published after its QP's destroy stopped waiting for it (a sender
-    // stalled for long): a shared queue gets the reserved WQE back.
-    if (srq && node.srq_alive(srq)) rq_give_back(at<RqShared>(root, srq), e.rq_pos);
-    return false;
-  }
-  auto *rq = at<RqShared>(root, t->srq ? t->srq : t->rq);
-  if (!rq) return false;
-  // Sent as the QP was being reset: the message goes with the reset.
-  if (t->state.load(std::memory_order_acquire) == IBV_QPS_RESET) {
-    if (t->srq) rq_give_back(rq, e.rq_pos);
-    return false;
-  }
-  // The sender saw the WQE published; a slot in another state was reset
-  // under it, and the message went with the reset.
-  RingSlot *s = ring_slot(&rq->ring, e.rq_pos);
-  if (ring_seq(&rq->ring, s, e.rq_pos) != e.rq_pos + 1) return false;
-  const auto *wqe = reinterpret_cast<const RecvWqe *>(s);
-
-  *wc = ibv_wc{};
-  wc->wr_id = wqe->wr_id;
-  wc->opcode = (e.flags & kEagerWriteImm) ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-  wc->byte_len = e.byte_len;
-  wc->qp_num = e.qp_num;
-  wc->src_qp = t->dest_qpn;
-  wc->slid = t->dest_lid;
-  if (e.flags & kEagerImm) {
-    wc->imm_data = e.imm_data;
-    wc->wc_flags = IBV_WC_WITH_IMM;
-  }
-  if (!(e.flags & kEagerWriteImm)) {
-    // This node's own memory: placed by the CPU, no fabric in between.
-    MrShared mrs[kMaxSge];
-    uint32_t n = std::min(wqe->num_sge, kMaxSge);
-    wc->status = check_receive(root, rq->pd, wqe->sge, n, e.byte_len, mrs);
-    for (uint32_t i = 0, done = 0; wc->status == IBV_WC_SUCCESS && done < e.byte_len; ++i) {
-      uint32_t k = std::min(wqe->sge[i].length, e.byte_len - done);
-      if (k) memcpy(reinterpret_cast<void *>(va_of(mrs[i], wqe->sge[i].addr)), e.data + done, k);
-      done += k;
-    }
-  }
-  rq_release(rq, s, e.rq_pos);
-  if (wc->status != IBV_WC_SUCCESS) {
-    // Only a receive whose memory went away since it was posted: the
-    // sender, told otherwise, has completed already.
-    wc->byte_len = 0;
-    fail_target(node.fab(), node.self(), t);
-  }
-  return true;
-}
-
-void rq_flush(fabric::Fabric &fab, fabric::Peer &peer, QpShared *target) {
-  auto *rq = at<RqShared>(peer.area(), target->rq);
-  auto *rcq = at<CqShared>(peer.area(), target->rcq);
-  if (!rq || !rcq) return;
-  RecvCopy r;
-  while (rq_take(fab, peer, rq, &r)) {
-    ibv_wc wc{};
-    wc.wr_id = r.wr_id;
-    wc.status = IBV_WC_WR_FLUSH_ERR;
-    wc.opcode = IBV_WC_RECV;
-    wc.qp_num = target->qpn.load(std::memory_order_relaxed);
-    complete_to(fab, peer, target, rcq, wc, true);  // target is in ERR: an overrun drops it
-  }
+  node.push_qp(static_cast<uint32_t>(qp - node.root()->qps));
+  rq_flush(node, qp);
+  if (s != IBV_QPS_ERR) last_wqe_reached(node, qp);
 }
 
 // ---- requests from linked peers ---------------------------------------------
 
-void serve_request(Node &node, uint16_t from, const RecordHead &h, AnswerRecord *answer) {
-  answer->head.type = kRecAnswer;
-  answer->head.psn = h.psn;
-  answer->status = IBV_WC_REM_INV_REQ_ERR;
-  if (h.type != kRecAtomic || h.cells != 1) return;  // unknown: the requester hears nothing
-  AtomicRecord r;
-  memcpy(static_cast<void *>(&r), &h, sizeof r);
-  answer->head.qpn = r.src_qpn;
-  // The target QP, as on an HCA: there, connected to the requester, ready.
-  AreaRoot *root = node.root();
-  const QpShared &q = root->qps[r.head.qpn & (kMaxQps - 1)];
-  uint32_t st = q.state.load(std::memory_order_acquire);
-  if (q.qpn.load(std::memory_order_acquire) != r.head.qpn || q.type != IBV_QPT_RC ||
-      (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) || q.dest_lid != from ||
-      q.dest_qpn != r.src_qpn) {
-    answer->status = kAnswerRetry;
+namespace {
+
+bool receiving(uint32_t st) {
+  return st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD;
+}
+
+// Where a message lands in this node's memory, piece by piece.
+struct Dest {
+  uint8_t *ptr[kMaxSge];
+  uint64_t len[kMaxSge];
+  uint32_t n = 0;
+};
+
+// The bytes of a message as the record brings them: inline after it, or in
+// pieces of the requester's windows.
+struct Source {
+  const uint8_t *inl = nullptr;
+  const Piece *pieces = nullptr;
+  uint32_t n = 0;
+};
+
+// Copies len bytes of src to dst, from byte `skip` of dst on.
+fabric::MoveStatus place(fabric::Fabric &fab, fabric::Peer &from, const Dest &dst, uint64_t skip,
+                         const Source &src, uint64_t len) {
+  uint64_t done = 0;  // bytes of the message placed
+  uint32_t p = 0;     // the piece of src being pulled, and where in it
+  uint64_t poff = 0;
+  for (uint32_t i = 0, pos = 0; i < dst.n && done < len; pos += dst.len[i], ++i) {
+    uint64_t at = skip > pos ? std::min<uint64_t>(skip - pos, dst.len[i]) : 0;
+    while (at < dst.len[i] && done < len) {
+      uint64_t n = std::min(dst.len[i] - at, len - done);
+      if (src.inl) {
+        memcpy(dst.ptr[i] + at, src.inl + done, n);
+      } else {
+        while (p < src.n && poff == src.pieces[p].len) {
+          ++p;
+          poff = 0;
+        }
+        if (p == src.n) return fabric::MoveStatus::bad_window;  // checked: not reached
+        n = std::min(n, src.pieces[p].len - poff);
+        auto s = fab.read(from, src.pieces[p].window, src.pieces[p].va + poff, dst.ptr[i] + at, n);
+        if (s != fabric::MoveStatus::ok) return s;
+        poff += n;
+      }
+      at += n;
+      done += n;
+    }
+  }
+  return fabric::MoveStatus::ok;
+}
+
+// A receive's pieces as destinations; false (with the receive's status) when
+// it cannot take need bytes: nothing moves into a receive that fails.
+ibv_wc_status receive_dest(AreaRoot *root, uint32_t pd, const RecvCopy &r, uint64_t need, Dest *d) {
+  MrShared mrs[kMaxSge];
+  uint64_t room;
+  if (!receive_room(root, pd, r.sge, r.num_sge, mrs, &room)) return IBV_WC_LOC_PROT_ERR;
+  if (room < need) return IBV_WC_LOC_LEN_ERR;
+  for (uint32_t i = 0; i < r.num_sge; ++i) {
+    d->ptr[i] =
+        r.sge[i].length ? reinterpret_cast<uint8_t *>(va_of(mrs[i], r.sge[i].addr)) : nullptr;
+    d->len[i] = r.sge[i].length;
+  }
+  d->n = r.num_sge;
+  return IBV_WC_SUCCESS;
+}
+
+// The source of a message of byte_len bytes whose record has `room` bytes
+// after its fixed part; false when the record contradicts itself.
+bool source_of(const uint8_t *after, size_t room, uint32_t pieces, uint64_t byte_len, Source *src) {
+  if (!pieces) {
+    src->inl = after;
+    return byte_len <= room;
+  }
+  if (pieces > kMaxSge + 1 || pieces * sizeof(Piece) > room) return false;
+  src->pieces = reinterpret_cast<const Piece *>(after);
+  src->n = pieces;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < pieces; ++i) sum += src->pieces[i].len;
+  return sum == byte_len;
+}
+
+Qp *receiver(Node &node, uint32_t qpn) {
+  Qp *t = node.qp_by_idx(qpn & (kMaxQps - 1));
+  return t && t->sh->qpn.load(std::memory_order_acquire) == qpn ? t : nullptr;
+}
+
+RqShared *receive_queue(Qp *t) {
+  return t->srq ? t->srq->sh : t->rq;
+}
+
+// Claims and fills the receive completion wc of QP t (its QP fails if the
+// CQ overran).
+void receipt(Node &node, Qp *t, const ibv_wc &wc, bool solicited, Receipt *out) {
+  CqShared *cq = t->rcq->sh;
+  CqEntry *e = cq_claim(node.fab(), node.self(), cq, &out->pos);
+  if (!e) {
+    qp_overran(node, t->sh);
     return;
   }
+  e->wc = wc;
+  e->sq_ticket = 0;
+  out->cq = cq;
+  out->solicited = solicited;
+}
+
+// The connection's receive of a message could not be finished (the
+// requester died or its window went away while the bytes were pulled): the
+// receive completes flushed, and the QP fails, as its connection has.
+void broken(Node &node, Qp *t, const RecvCopy &r, Receipt *out) {
+  ibv_wc wc{};
+  wc.wr_id = r.wr_id;
+  wc.status = IBV_WC_WR_FLUSH_ERR;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = t->sh->qpn.load(std::memory_order_relaxed);
+  receipt(node, t, wc, true, out);
+  out->fail = t->sh;
+}
+
+void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, const uint8_t *after,
+                size_t room, AnswerRecord *answer, Receipt *out) {
+  answer->status = IBV_WC_REM_INV_REQ_ERR;
+  const bool write_imm = r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  Source src;
+  if ((!write_imm && r.opcode != IBV_WR_SEND && r.opcode != IBV_WR_SEND_WITH_IMM) ||
+      r.byte_len > (1u << 31) || !source_of(after, room, r.pieces, r.byte_len, &src))
+    return;
+  AreaRoot *root = node.root();
   MrShared mr;
-  if (!(q.access & IBV_ACCESS_REMOTE_ATOMIC) ||
-      !mr_check(root->mrs, r.rkey, true, q.pd, IBV_ACCESS_REMOTE_ATOMIC, r.addr, 8, &mr)) {
+  if (write_imm && r.byte_len &&
+      (!(t->sh->access & IBV_ACCESS_REMOTE_WRITE) ||
+       !mr_check(root->mrs, r.rkey, true, t->sh->pd, IBV_ACCESS_REMOTE_WRITE, r.remote_addr,
+                 r.byte_len, &mr))) {
     answer->status = IBV_WC_REM_ACCESS_ERR;
     return;
   }
-  if (r.addr & 7) return;  // REM_INV_REQ_ERR
+  RecvCopy wqe;
+  if (!rq_take(node, receive_queue(t), &wqe)) {
+    // Receiver not ready: the requester tries again after the timer.
+    answer->status = kAnswerRnr;
+    answer->value = t->sh->min_rnr_timer;
+    return;
+  }
+  ibv_wc wc{};
+  wc.wr_id = wqe.wr_id;
+  wc.opcode = write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  wc.byte_len = r.byte_len;
+  wc.qp_num = r.head.qpn;
+  wc.src_qp = r.head.src_qpn;
+  wc.slid = from.lid();
+  if (r.opcode != IBV_WR_SEND) {
+    wc.imm_data = r.imm;
+    wc.wc_flags = IBV_WC_WITH_IMM;
+  }
+  Dest dst;
+  if (write_imm) {
+    dst.ptr[0] = reinterpret_cast<uint8_t *>(va_of(mr, r.remote_addr));
+    dst.len[0] = r.byte_len;
+    dst.n = r.byte_len ? 1 : 0;
+  } else if ((wc.status = receive_dest(root, receive_queue(t)->pd, wqe, r.byte_len, &dst)) !=
+             IBV_WC_SUCCESS) {
+    // The responder completes the receive in error and its QP fails; the
+    // requester is told its request was invalid.
+    answer->status = wc.status == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR;
+    wc.byte_len = 0;
+    receipt(node, t, wc, true, out);
+    out->fail = t->sh;
+    return;
+  }
+  if (place(node.fab(), from, dst, 0, src, r.byte_len) != fabric::MoveStatus::ok) {
+    broken(node, t, wqe, out);
+    answer->status = IBV_WC_REM_OP_ERR;
+    return;
+  }
+  receipt(node, t, wc, r.solicited, out);
+  answer->status = IBV_WC_SUCCESS;
+}
+
+// Unreliable: whatever does not fit is lost, and nobody is told.
+void serve_datagram(Node &node, fabric::Peer &from, const DatagramRecord &r, const uint8_t *after,
+                    size_t room, Receipt *out) {
+  Qp *t = receiver(node, r.head.qpn);
+  if (!t || t->sh->type != IBV_QPT_UD || !receiving(t->sh->state.load(std::memory_order_acquire)) ||
+      t->sh->qkey != r.qkey || r.byte_len > kMtu || r.byte_len > room)
+    return;
+  RecvCopy wqe;
+  if (!rq_take(node, receive_queue(t), &wqe)) return;
+  ibv_wc wc{};
+  wc.wr_id = wqe.wr_id;
+  wc.opcode = IBV_WC_RECV;
+  wc.byte_len = r.byte_len + kGrhBytes;
+  wc.qp_num = r.head.qpn;
+  wc.src_qp = r.head.src_qpn;
+  wc.slid = from.lid();
+  if (r.flags & kDgImm) {
+    wc.imm_data = r.imm;
+    wc.wc_flags |= IBV_WC_WITH_IMM;
+  }
+  Dest dst;
+  RqShared *rq = receive_queue(t);
+  wc.status = receive_dest(node.root(), rq->pd, wqe, wc.byte_len, &dst);
+  if (wc.status == IBV_WC_SUCCESS) {
+    Source grh, body;
+    grh.inl = r.grh;
+    body.inl = after;
+    if (r.flags & kDgGrh) {
+      place(node.fab(), from, dst, 0, grh, kGrhBytes);
+      wc.wc_flags |= IBV_WC_GRH;
+    }
+    place(node.fab(), from, dst, kGrhBytes, body, r.byte_len);
+  } else {
+    wc.byte_len = 0;
+  }
+  receipt(node, t, wc, r.solicited, out);
+}
+
+void serve_atomic(Node &node, Qp *t, const AtomicRecord &r, AnswerRecord *answer) {
+  MrShared mr;
+  if (!(t->sh->access & IBV_ACCESS_REMOTE_ATOMIC) ||
+      !mr_check(node.root()->mrs, r.rkey, true, t->sh->pd, IBV_ACCESS_REMOTE_ATOMIC, r.addr, 8,
+                &mr)) {
+    answer->status = IBV_WC_REM_ACCESS_ERR;
+    return;
+  }
+  answer->status = IBV_WC_REM_INV_REQ_ERR;
+  if (r.addr & 7) return;
   // This node's own memory: atomic against its CPU and every initiator,
   // which all come here.
   auto *at = reinterpret_cast<uint64_t *>(va_of(mr, r.addr));
@@ -383,9 +415,92 @@ void serve_request(Node &node, uint16_t from, const RecordHead &h, AnswerRecord 
     __atomic_compare_exchange_n(at, &expected, r.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     answer->value = expected;
   } else {
-    return;  // REM_INV_REQ_ERR
+    return;
   }
   answer->status = IBV_WC_SUCCESS;
+}
+
+// The target QP of a request, as on an HCA: there, RC, ready, connected to
+// the requester; nullptr if not.
+Qp *connected(Node &node, fabric::Peer &from, const RecordHead &h) {
+  Qp *t = receiver(node, h.qpn);
+  if (!t || t->sh->type != IBV_QPT_RC || !receiving(t->sh->state.load(std::memory_order_acquire)) ||
+      t->sh->dest_lid != from.lid() || t->sh->dest_qpn != h.src_qpn)
+    return nullptr;
+  return t;
+}
+
+// Whether a request of the connection is dropped: after refusing one (RNR,
+// or an error that fails the requester's QP), the target takes nothing more
+// of that connection until the refused PSN comes again (go-back after an
+// RNR; never, after an error). A new connection (epoch) starts afresh.
+bool dropped(Qp *t, const RecordHead &h) {
+  uint64_t resume = t->resume.load(std::memory_order_relaxed);
+  if (!resume) return false;
+  if (static_cast<uint32_t>(resume >> 32) == h.epoch && static_cast<uint32_t>(resume) != h.psn)
+    return true;
+  t->resume.store(0, std::memory_order_relaxed);
+  return false;
+}
+
+// Serves a request of an RC connection, in the connection's order.
+template <typename Serve>
+bool serve_in_order(Node &node, fabric::Peer &from, const RecordHead &h, AnswerRecord *answer,
+                    Serve &&serve) {
+  Qp *t = connected(node, from, h);
+  if (!t) {
+    answer->status = kAnswerRetry;
+    return true;
+  }
+  if (dropped(t, h)) return false;
+  serve(t);
+  if (answer->status != IBV_WC_SUCCESS)
+    t->resume.store(uint64_t{h.epoch} << 32 | h.psn, std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace
+
+void commit_receipt(Node &node, const Receipt &r) {
+  if (r.cq) cq_commit(node.fab(), node.self(), r.cq, r.pos, r.solicited);
+  if (r.fail) fail_target(node, r.fail);
+}
+
+bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, AnswerRecord *answer,
+                   Receipt *receipt) {
+  // The record is copied before it is looked at: the requester may write
+  // its lane meanwhile (it hurts only itself), and what was checked stays.
+  const size_t size = size_t{h.cells} * kCell;
+  const auto *bytes = reinterpret_cast<const uint8_t *>(&h);
+  answer->head.type = kRecAnswer;
+  answer->head.psn = h.psn;
+  answer->head.qpn = h.src_qpn;
+  switch (h.type) {
+    case kRecSend: {
+      SendRecord r;
+      if (size < sizeof r) return false;
+      memcpy(static_cast<void *>(&r), bytes, sizeof r);
+      return serve_in_order(node, from, r.head, answer, [&](Qp *t) {
+        serve_send(node, from, t, r, bytes + sizeof r, size - sizeof r, answer, receipt);
+      });
+    }
+    case kRecAtomic: {
+      AtomicRecord r;
+      if (size < sizeof r) return false;
+      memcpy(static_cast<void *>(&r), bytes, sizeof r);
+      return serve_in_order(node, from, r.head, answer,
+                            [&](Qp *t) { serve_atomic(node, t, r, answer); });
+    }
+    case kRecDatagram: {
+      DatagramRecord r;
+      if (size < sizeof r) return false;
+      memcpy(static_cast<void *>(&r), bytes, sizeof r);
+      serve_datagram(node, from, r, bytes + sizeof r, size - sizeof r, receipt);
+      return false;
+    }
+    default:
+      return false;  // not a request: the requester hears nothing
+  }
 }
 
 }  // namespace pcientb::engine

@@ -1,5 +1,5 @@
-// Shared receive queues: one receive queue that several QPs draw from; the
-// limit event is raised by whichever node takes it below the limit.
+// Shared receive queues: one receive queue that several QPs of a node draw
+// from; the limit event is raised when a message takes it below the limit.
 #include <algorithm>
 #include <cerrno>
 
@@ -82,7 +82,7 @@ int destroy_srq(Srq *srq) {
 
 int post_srq_recv(Srq *srq, const ibv_recv_wr *wr, ibv_recv_wr **bad) {
   std::lock_guard<SpinLock> g(srq->mu);
-  return rq_post(srq->ctx->node->root(), srq->sh, srq->max_wr, wr, bad);
+  return rq_post(srq->sh, srq->max_wr, wr, bad);
 }
 
 }  // namespace pcientb::engine

@@ -29,8 +29,8 @@ class Peer {
   virtual ~Peer() = default;
   uint16_t lid() const { return lid_; }
   uint64_t nonce() const { return nonce_; }
-  // The engine area of the peer's segment, mapped here.
-  void *area() const { return area_; }
+  // No access to the peer's memory is offered but post() and the window
+  // moves: as through an NT window, nothing of a peer is loaded from.
   // Cheap; set once the fabric has seen the peer die.
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   void mark_dead() { dead_.store(true, std::memory_order_release); }
@@ -46,7 +46,6 @@ class Peer {
  protected:
   uint16_t lid_ = 0;
   uint64_t nonce_ = 0;
-  void *area_ = nullptr;
   std::atomic<bool> dead_{false};
   const std::atomic<uint32_t> *life_ = nullptr;  // set by the fabric at attach
   uint32_t life_value_ = 0;
@@ -128,6 +127,8 @@ class Fabric {
   // looks at its lanes by then itself.
   virtual void polling() = 0;
   virtual uint64_t quiet_until_ns() = 0;
+  // A thread of this node is going to sleep: peers ring from now on.
+  virtual void not_polling() = 0;
   // What this process has done through the fabric so far.
   virtual Work work() const = 0;
   // Readable while this node's doorbell has rung since clear_doorbell().
