@@ -204,13 +204,13 @@ void Node::serve_links() {
     std::lock_guard<std::mutex> g(links_mu_);
     Seen &seen = seen_[lid];
     if (seen.nonce == nonce && seen.asked == asked) continue;
-    seen = Seen{nonce, asked};
     // What a peer wrote is checked before use: the asker must be the node
-    // that holds the LID now; its offsets are checked by every post.
+    // that holds the LID now (if not yet known here, the ask is looked at
+    // again on the next doorbell); its offsets are checked by every post.
     fabric::Peer *peer = fab_->peer(lid);
-    if (!peer || peer->nonce() != nonce || !mirror || mirror % alignof(Mirror) || !answers ||
-        answers % kCell)
-      continue;
+    if (!peer || peer->nonce() != nonce) continue;
+    seen = Seen{nonce, asked};
+    if (!mirror || mirror % alignof(Mirror) || !answers || answers % kCell) continue;
     auto l = std::make_unique<InLink>();
     l->peer = peer;
     l->nonce = nonce;

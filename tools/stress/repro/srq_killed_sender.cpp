@@ -1,5 +1,6 @@
-// Repro: a sender SIGKILLed while it sends small (eager) SENDs to a QP on an
-// SRQ can leave an SRQ WQE taken for ever: no completion ever reports it and,
+// Repro: a sender SIGKILLed while it sends small SENDs to a QP on an SRQ
+// could leave an SRQ WQE taken for ever (the eager path reserved it at the
+// target before the issue 9 transport): no completion ever reported it and,
 // once max_wr more WQEs have been posted, every ibv_post_srq_recv fails with
 // ENOMEM (the SRQ is unusable for all its QPs).
 // Build: cmake --build --preset default --target stress_repro_srq_killed_sender

@@ -835,8 +835,9 @@ Peer *EmuFabric::peer(uint16_t lid) {
   std::lock_guard<std::mutex> g(peers_mu_);
   auto &slot_peer = peers_[lid];
   if (slot_peer) {
-    // A node that died may have been replaced by a new one with the same LID.
-    if (!slot_peer->dead() || table_->slots[lid - 1].nonce == slot_peer->nonce())
+    // A node that died may have been replaced by a new one with the same LID
+    // (live(), not dead(): a death not noticed yet would hide its successor).
+    if (slot_peer->live() || table_->slots[lid - 1].nonce == slot_peer->nonce())
       return slot_peer.get();
     retired_.push_back(std::move(slot_peer));
   }
