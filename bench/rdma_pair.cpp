@@ -632,14 +632,14 @@ RdmaPair::~RdmaPair() {
   reap_child(pid_, opt_.timeout_s);
 }
 
-bool RdmaPair::work(uint64_t out[7]) {
+bool RdmaPair::work(uint64_t out[8]) {
   // The provider is loaded by libibverbs, not linked: its own entry point, found as a user would.
   using Query = int (*)(ibv_context *, uint64_t *);
   static Query query = [] {
     void *lib = dlopen("libpcientb-rdmav34.so", RTLD_NOW | RTLD_NOLOAD);
     return lib ? reinterpret_cast<Query>(dlsym(lib, "pcientb_query_work")) : nullptr;
   }();
-  return query && ep_ && query(ep_->ctx, out) == 0;  // struct pcientb_work: seven uint64_t
+  return query && ep_ && query(ep_->ctx, out) == 0;  // struct pcientb_work: eight uint64_t
 }
 
 uint32_t RdmaPair::max_inline() const {

@@ -66,7 +66,7 @@ class RdmaPair {
   // The fabric work this (initiating) process has done so far, as pcientb_query_work() counts
   // it: posts, post bytes, doorbells, DMA writes, their bytes, DMA reads, their bytes. False
   // when the provider does not offer it.
-  bool work(uint64_t out[7]);
+  bool work(uint64_t out[8]);
 
   struct Endpoint;
 

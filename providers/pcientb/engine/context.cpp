@@ -416,7 +416,9 @@ void Node::report_all_at_exit() {
 void Node::watch(fabric::Peer *peer) {
   if (!peer || peer == self_) return;
   {
-    std::lock_guard<std::mutex> g(prog_mu_);
+    // Not prog_mu_: a WR retried by the progress thread (which holds it)
+    // may find its peer only now.
+    std::lock_guard<std::mutex> g(watch_mu_);
     if (!watched_.insert(peer).second) return;
   }
   wake();
@@ -460,6 +462,7 @@ void Node::progress_loop() {
         next = next ? std::min(next, check) : check;
       }
       sleep_until_ns_ = next ? next : UINT64_MAX;
+      std::lock_guard<std::mutex> w(watch_mu_);
       for (fabric::Peer *p : watched_) {
         int fd = p->dead() ? -1 : fab_->death_fd(*p);
         if (fd < 0) continue;
@@ -498,6 +501,7 @@ void Node::progress_loop() {
       if (!fds[i].revents) continue;
       std::lock_guard<std::mutex> g(prog_mu_);
       on_peer_death(peers[i - 2]);
+      std::lock_guard<std::mutex> w(watch_mu_);
       watched_.erase(peers[i - 2]);
     }
   }

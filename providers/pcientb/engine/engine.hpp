@@ -65,6 +65,8 @@ class Node {
   void *ptr(Off off) { return at<void>(fab_->area(), off); }
 
   uint32_t new_pd_id() { return next_pd_.fetch_add(1) + 1; }
+  // A connection's number as its requests carry it: unique in the node.
+  uint32_t new_epoch() { return next_epoch_.fetch_add(1) + 1; }
   // MR and QP table slots; keys and QPNs are not reused at once.
   int alloc_mr(uint32_t *idx, uint32_t *key);
   void free_mr(uint32_t idx);
@@ -153,6 +155,8 @@ class Node {
   void push_qp(uint32_t idx);
   // Serves what peers asked in this node's link boxes (on a doorbell).
   void serve_links();
+  // Whether answers wait in the link's lane, not taken yet.
+  bool answers_waiting(const OutLink &l);
 
  private:
   Node() = default;
@@ -173,13 +177,17 @@ class Node {
   void push_mr_to(const InLink &to, uint32_t idx);  // with links_mu_
   void push_qp_to(const InLink &to, uint32_t idx);
   void serve_requests(InLink &l);
-  void take_answers(OutLink &l);
+  bool serve_requests_locked(InLink &l);  // with l.mu; false: stopped, no room to answer
+  // wait: even if another thread takes them now (then they are taken on return).
+  void take_answers(OutLink &l, bool wait = false);
+  void take_answers_locked(OutLink &l);  // with l.ans_mu
 
   std::unique_ptr<fabric::Fabric> fab_;
   pid_t pid_ = 0;
   AreaRoot *root_ = nullptr;
   fabric::Peer *self_ = nullptr;
   std::atomic<uint32_t> next_pd_{0};
+  std::atomic<uint32_t> next_epoch_{0};
 
   std::mutex mu_;                                  // tables and allocator
   Off bump_ = 0;                                   // the area above is untouched
@@ -215,6 +223,7 @@ class Node {
   std::atomic<uint64_t> next_due_ns_{0};
   static inline thread_local uint32_t polls_ __attribute__((tls_model("initial-exec"))) = 0;
   uint64_t sleep_until_ns_ = 0;  // when the progress thread wakes by itself, with prog_mu_
+  std::mutex watch_mu_;          // watched_ (after prog_mu_ when both are held)
   std::set<fabric::Peer *> watched_;
   std::set<Context *> contexts_;
   bool lost_ = false;
@@ -480,6 +489,9 @@ struct Qp {
   uint64_t sq_posted = 0;   // WRs posted since RESET
   bool drain_notify = false;
   bool errored = false;  // entered ERR since RESET (its events raised), with sq_mu
+  // A WR failed here behind requests not answered yet: nothing more goes out
+  // (the QP fails when the answers reach it), with sq_mu.
+  bool halted = false;
   bool retired = false;  // taken out of the tables for destruction, with Node::prog_mu_
   QpStats *stats;        // its slot of AreaRoot::qp_stats
 

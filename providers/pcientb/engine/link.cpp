@@ -35,14 +35,18 @@ uint32_t seq_of(uint64_t pos) {
 // The next record of a lane of this node, checked to lie in the lane;
 // nullptr when there is none (or the producer wrote nonsense: then the lane
 // stops, which only hurts the producer's own traffic).
-const RecordHead *lane_peek(void *area, const LaneIn &l) {
+// *cells: its size, read once (the producer may write the head again: only
+// this checked value is used).
+const RecordHead *lane_peek(void *area, const LaneIn &l, uint16_t *cells = nullptr) {
   // Relaxed: a thread may look (without the consumer's lock) whether there
   // is anything before it takes the lock.
   const uint64_t head = __atomic_load_n(&l.head, __ATOMIC_RELAXED);
   uint64_t cell = head % l.cells;
   auto *h = at<const RecordHead>(area, l.lane + cell * kCell);
   if (h->seq.load(std::memory_order_acquire) != seq_of(head)) return nullptr;
-  if (h->cells == 0 || h->cells > l.cells - cell) return nullptr;
+  const uint16_t n = __atomic_load_n(&h->cells, __ATOMIC_RELAXED);
+  if (n == 0 || n > l.cells - cell) return nullptr;
+  if (cells) *cells = n;
   return h;
 }
 
@@ -254,9 +258,16 @@ void Node::serve_links() {
 
 void Node::serve_requests(InLink &l) {
   void *area = fab_->area();
-  // Nothing there (the common case of a poll): no locked instruction.
-  if (!lane_peek(area, l.requests) || !l.mu.try_lock()) return;
-  bool answered = false;
+  // Nothing there (the common case of a poll): no locked instruction. A
+  // thread that finds the lock taken leaves: the holder looks again after
+  // it lets go.
+  while (lane_peek(area, l.requests) && l.mu.try_lock())
+    if (!serve_requests_locked(l)) return;  // no room to answer: the peer's credit rings
+}
+
+bool Node::serve_requests_locked(InLink &l) {
+  void *area = fab_->area();
+  bool answered = false, room = true;
   // A SEND's success acknowledges every request of its QP before it (as an
   // IB ACK does): of a run of them, only the last is posted. The receive
   // completions of the requests an answer covers are published after it.
@@ -274,15 +285,16 @@ void Node::serve_requests(InLink &l) {
     for (uint32_t i = 0; i < n_done; ++i) commit_receipt(*this, done[i]);
     n_done = 0;
   };
-  while (const RecordHead *h = lane_peek(area, l.requests)) {
+  uint16_t cells;
+  while (const RecordHead *h = lane_peek(area, l.requests, &cells)) {
     if (h->type != kRecPad) {
       // No room to answer (the one held, and this one): the rest waits
       // (answers never wait for requests).
-      if (!lane_room(l.answers, 2 * kCell)) break;
+      if (!(room = lane_room(l.answers, 2 * kCell))) break;
       AnswerRecord a{};
       Receipt r;
       const bool send = h->type == kRecSend;
-      const bool answer = serve_request(*this, *l.peer, *h, &a, &r);
+      const bool answer = serve_request(*this, *l.peer, *h, cells, &a, &r);
       if (answer && send && a.status == IBV_WC_SUCCESS) {
         if (holding && held.head.qpn != a.head.qpn) flush();
         memcpy(static_cast<void *>(&held), &a, sizeof a);
@@ -295,19 +307,30 @@ void Node::serve_requests(InLink &l) {
         commit_receipt(*this, r);
       }
     }
-    __atomic_store_n(&l.requests.head, l.requests.head + h->cells, __ATOMIC_RELAXED);
+    __atomic_store_n(&l.requests.head, l.requests.head + cells, __ATOMIC_RELAXED);
   }
   flush();
   lane_credit(*fab_, *l.peer, l.requests);  // a requester short of room tries again
   l.mu.unlock();
   if (answered) fab_->doorbell(*l.peer);
+  return room;
 }
 
-void Node::take_answers(OutLink &l) {
+void Node::take_answers(OutLink &l, bool wait) {
   void *area = fab_->area();
-  if (!lane_peek(area, l.answers) || !l.ans_mu.try_lock()) return;
-  while (const RecordHead *h = lane_peek(area, l.answers)) {
-    if (h->type == kRecAnswer && h->cells == 1) {
+  if (wait) {
+    l.ans_mu.lock();
+    take_answers_locked(l);
+  }
+  // As serve_requests: the holder of the lock looks again after it lets go.
+  while (lane_peek(area, l.answers) && l.ans_mu.try_lock()) take_answers_locked(l);
+}
+
+void Node::take_answers_locked(OutLink &l) {
+  void *area = fab_->area();
+  uint16_t cells;
+  while (const RecordHead *h = lane_peek(area, l.answers, &cells)) {
+    if (h->type == kRecAnswer && cells == 1) {
       AnswerRecord a;
       memcpy(reinterpret_cast<uint8_t *>(&a) + sizeof a.head.seq,
              reinterpret_cast<const uint8_t *>(h) + sizeof h->seq, sizeof a - sizeof a.head.seq);
@@ -315,7 +338,7 @@ void Node::take_answers(OutLink &l) {
       Qp *qp = qp_by_idx(a.head.qpn & (kMaxQps - 1));
       if (qp && qp->ibv && qp->ibv->qp_num == a.head.qpn && qp->peer == l.peer) qp_answer(qp, a);
     }
-    __atomic_store_n(&l.answers.head, l.answers.head + h->cells, __ATOMIC_RELAXED);
+    __atomic_store_n(&l.answers.head, l.answers.head + cells, __ATOMIC_RELAXED);
   }
   // The peer may hold requests back for want of room to answer them.
   bool credited = lane_credit(*fab_, *l.peer, l.answers);
@@ -323,27 +346,43 @@ void Node::take_answers(OutLink &l) {
   if (credited) fab_->doorbell(*l.peer);
 }
 
+bool Node::answers_waiting(const OutLink &l) {
+  return l.up.load(std::memory_order_acquire) && lane_peek(fab_->area(), l.answers) != nullptr;
+}
+
 void Node::links_barrier() {
-  for (uint32_t lid = 1, top = links_top_.load(std::memory_order_acquire); lid < top; ++lid) {
-    if (OutLink *l = out_[lid].load(std::memory_order_acquire)) {
-      l->ans_mu.lock();
-      l->ans_mu.unlock();
-    }
-    if (InLink *l = in_[lid].load(std::memory_order_acquire)) {
-      l->mu.lock();
-      l->mu.unlock();
-    }
+  // Every link ever made: a thread may still serve one replaced at its LID.
+  std::vector<OutLink *> outs;
+  std::vector<InLink *> ins;
+  {
+    std::lock_guard<std::mutex> g(links_mu_);
+    for (auto &l : out_all_) outs.push_back(l.get());
+    for (auto &l : in_all_) ins.push_back(l.get());
+  }
+  for (OutLink *l : outs) {
+    l->ans_mu.lock();
+    l->ans_mu.unlock();
+  }
+  for (InLink *l : ins) {
+    l->mu.lock();
+    l->mu.unlock();
   }
 }
 
 void Node::service() {
+  void *area = fab_->area();
   for (uint32_t lid = 1, top = links_top_.load(std::memory_order_acquire); lid < top; ++lid) {
+    InLink *in = in_[lid].load(std::memory_order_acquire);
+    if (in && in->peer->dead()) in = nullptr;
     // Answers first: a peer answers a request before its program can reply
     // to it, so a send completion comes before the reply's receive, as an
-    // HCA's ACK does (perftest's event mode polls the send CQ after any event).
-    if (OutLink *l = out_[lid].load(std::memory_order_acquire); l && l->up.load()) take_answers(*l);
-    if (InLink *l = in_[lid].load(std::memory_order_acquire); l && !l->peer->dead())
-      serve_requests(*l);
+    // HCA's ACK does (perftest's event mode polls the send CQ after any
+    // event). Requests seen means the answers posted before them are seen:
+    // those are taken, waiting for a thread that takes them meanwhile.
+    const bool requests = in && lane_peek(area, in->requests);
+    if (OutLink *l = out_[lid].load(std::memory_order_acquire); l && l->up.load())
+      take_answers(*l, requests);
+    if (requests) serve_requests(*in);
   }
 }
 

@@ -219,6 +219,13 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
   if (!values_ok(a, mask)) return EINVAL;
 
   Node &node = *qp->ctx->node;
+  if (next == IBV_QPS_RESET) {
+    // No thread serves a request of it from here on (links_barrier; not
+    // under sq_mu, which answers take after a link's lock): the receive
+    // queue and CQs are reset under nobody.
+    qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
+    node.links_barrier();
+  }
   bool kick = false;
   {
     std::lock_guard<SpinLock> g(qp->sq_mu);
@@ -233,6 +240,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
       qp->errored = false;
+      qp->halted = false;
       qp->resume.store(0, std::memory_order_relaxed);
       qp->peer = nullptr;
       qp->link = nullptr;
@@ -241,7 +249,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
     } else {
       if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT && !ud) {
         qp->peer = node.fab().peer(qp->attr.ah_attr.dlid);
-        ++qp->epoch;  // a new connection: the target forgets what it went back for
+        qp->epoch = node.new_epoch();  // a new connection: the target forgets what it went back for
         qp->link = nullptr;
         qp->mirror = nullptr;
         if (qp->peer) qp->peer_nonce = qp->peer->nonce();

@@ -20,7 +20,8 @@ constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60, 
                                       40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 constexpr uint64_t kLinkRetryNs = 20000;
-constexpr uint64_t kLinkWaitNs = 10000000;  // how long a datagram's post waits for a link
+constexpr uint64_t kAnswersFirstNs = 100000;  // a dead target's answers are taken by then
+constexpr uint64_t kLinkWaitNs = 10000000;    // how long a datagram's post waits for a link
 // An answer (or a link) is waited for at least this long, whatever the QP's
 // timeout: it takes the target's CPU, which a loaded host may give it late.
 constexpr uint64_t kAnswerFloorNs = 1000000000;
@@ -360,7 +361,7 @@ bool travels(const SendWqe &w) {
 // answers to the requests before it: it would otherwise land first (a WRITE
 // over the bytes of an atomic before it, or past an RNR'd SEND).
 bool behind_answers(const Qp *qp, const SendWqe &w) {
-  return qp->unanswered && !travels(w);
+  return qp->halted || (qp->unanswered && !travels(w));
 }
 
 // A WR that may be executed again (it waits, or a go-back may resend it)
@@ -383,6 +384,9 @@ enum class Settled { ok, failed, waits, sent };
 Settled settle(Qp *qp, SendWqe &w, const Result &r) {
   if (r.outcome == Outcome::done) {
     if (!qp->sent.empty()) {
+      // Waits for the answers before it; failed, it stops the WRs after it
+      // (on an HCA the QP would fail now).
+      if (r.status != IBV_WC_SUCCESS) qp->halted = true;
       w.done = true;
       w.status = r.status;
       w.byte_len = r.byte_len;
@@ -571,6 +575,13 @@ uint64_t progress_qp(Qp *qp) {
   // Answers that did not come in time, or never will (the target died).
   uint64_t next = 0, now = now_ns();
   bool gone = qp->peer && qp->peer->dead();
+  // A target answers before its program can see the message, and may exit
+  // right after: what it answered is taken first (by the next look at the
+  // lanes, moments away), then the rest fails.
+  if (gone && qp->link && qp->ctx->node->answers_waiting(*qp->link)) {
+    gone = false;
+    next = now + kAnswersFirstNs;
+  }
   for (SendWqe &w : qp->sent) {
     if (w.done) continue;
     if (gone || now >= w.deadline_ns) {
@@ -639,6 +650,7 @@ uint64_t answer_locked(Qp *qp, const AnswerRecord &a) {
     qp->stats->rnr_retries.add(1);
     if (w.rnr_left > 0) --w.rnr_left;
     w.not_before_ns = now_ns() + uint64_t{kRnrTimerUs[a.value & 31]} * 1000;
+    qp->halted = false;        // a WR that failed here goes back too: it fails again in its turn
     while (sent.size() > k) {  // from the back: pushed to the front, they keep their order
       SendWqe &x = sent.back();
       if (!x.done) --qp->unanswered;

@@ -447,8 +447,16 @@ bool dropped(Qp *t, const RecordHead &h) {
 template <typename Serve>
 bool serve_in_order(Node &node, fabric::Peer &from, const RecordHead &h, AnswerRecord *answer,
                     Serve &&serve) {
+  answer->head.psn = h.psn;
+  answer->head.qpn = h.src_qpn;
   Qp *t = connected(node, from, h);
   if (!t) {
+    // The connection's QP not ready now: its later requests are dropped too
+    // (one served after this refusal would arrive out of order).
+    if (Qp *q = receiver(node, h.qpn); q && q->sh->type == IBV_QPT_RC &&
+                                       q->sh->dest_lid == from.lid() &&
+                                       q->sh->dest_qpn == h.src_qpn)
+      q->resume.store(uint64_t{h.epoch} << 32 | h.psn, std::memory_order_relaxed);
     answer->status = kAnswerRetry;
     return true;
   }
@@ -466,15 +474,13 @@ void commit_receipt(Node &node, const Receipt &r) {
   if (r.fail) fail_target(node, r.fail);
 }
 
-bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, AnswerRecord *answer,
-                   Receipt *receipt) {
+bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, uint16_t cells,
+                   AnswerRecord *answer, Receipt *receipt) {
   // The record is copied before it is looked at: the requester may write
   // its lane meanwhile (it hurts only itself), and what was checked stays.
-  const size_t size = size_t{h.cells} * kCell;
+  const size_t size = size_t{cells} * kCell;
   const auto *bytes = reinterpret_cast<const uint8_t *>(&h);
   answer->head.type = kRecAnswer;
-  answer->head.psn = h.psn;
-  answer->head.qpn = h.src_qpn;
   switch (h.type) {
     case kRecSend: {
       SendRecord r;

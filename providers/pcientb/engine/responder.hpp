@@ -91,10 +91,10 @@ struct Receipt {
 void commit_receipt(Node &node, const Receipt &r);
 
 // Executes a request a peer (`from`) posted to this node's lane: the record
-// of h.cells cells at h. Fills in the answer and returns whether one is due
-// (datagrams, requests dropped while the QP goes back for a PSN, and records
-// that make no sense are not answered), and the receive completion it made.
-bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, AnswerRecord *answer,
-                   Receipt *receipt);
+// of `cells` cells at h (checked to lie in the lane; h->cells is not read). Fills in the answer and
+// returns whether one is due (datagrams, requests dropped while the QP goes back for a PSN, and
+// records that make no sense are not answered), and the receive completion it made.
+bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, uint16_t cells,
+                   AnswerRecord *answer, Receipt *receipt);
 
 }  // namespace pcientb::engine

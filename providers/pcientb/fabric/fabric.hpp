@@ -60,6 +60,12 @@ struct Work {
   uint64_t doorbells = 0;
   uint64_t dma_writes = 0, dma_write_bytes = 0;
   uint64_t dma_reads = 0, dma_read_bytes = 0;
+  // Loads from a peer's memory outside the DMA role: the emulated backend's
+  // looks at a peer's doorbell mask (on an NTB the receiving port applies
+  // it). Zero in strict mode (PCIENTB_NTB_STRICT=1), where peers are always
+  // rung. (The peer's life word stands for the NT port's link state, a local
+  // register on hardware: not counted.)
+  uint64_t remote_reads = 0;
 };
 
 // Status of a data movement: ok, the window is not (or no longer) there, or

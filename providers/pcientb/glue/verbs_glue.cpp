@@ -514,8 +514,8 @@ PCIENTB_EXPORT int pcientb_query_port_counters(ibv_context *c, uint8_t port,
 PCIENTB_EXPORT int pcientb_query_work(ibv_context *c, pcientb_work *out) {
   if (!pcientb_owns_context(c) || !out) return EINVAL;
   pcientb::fabric::Work w = ctx_of(c)->node->fab().work();
-  *out = pcientb_work{w.posts,           w.post_bytes, w.doorbells,     w.dma_writes,
-                      w.dma_write_bytes, w.dma_reads,  w.dma_read_bytes};
+  *out = pcientb_work{w.posts,           w.post_bytes, w.doorbells,      w.dma_writes,
+                      w.dma_write_bytes, w.dma_reads,  w.dma_read_bytes, w.remote_reads};
   return 0;
 }
 

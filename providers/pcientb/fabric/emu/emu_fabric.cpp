@@ -143,6 +143,13 @@ uint32_t fabric_layout(uint32_t engine) {
 constexpr size_t kSegSize = kHeaderSize + kAreaSize;
 constexpr uint64_t kQuietNs = 1000000;  // how long a poll masks the doorbell
 
+// PCIENTB_NTB_STRICT=1: peers are rung whatever their mask, which only an
+// NT port's receiving side would apply: no load from a peer's memory is left.
+bool strict_from_env() {
+  const char *e = getenv("PCIENTB_NTB_STRICT");
+  return e && *e && strcmp(e, "0") != 0;
+}
+
 // Work counts, per thread (no locked instruction on the data path), summed
 // when asked; a thread's slot outlives it.
 enum WorkKind {
@@ -152,9 +159,10 @@ enum WorkKind {
   kDmaWrites,
   kDmaWriteBytes,
   kDmaReads,
-  kDmaReadBytes
+  kDmaReadBytes,
+  kRemoteReads
 };
-constexpr int kWorkKinds = kDmaReadBytes + 1;
+constexpr int kWorkKinds = kRemoteReads + 1;
 struct WorkSlot {
   std::atomic<uint64_t> v[kWorkKinds] = {};
 };
@@ -163,8 +171,8 @@ struct WorkSlot {
 std::mutex &work_mu = *new std::mutex;
 std::vector<WorkSlot *> &work_slots = *new std::vector<WorkSlot *>;
 
-// One operation of kind k (kPosts, kDoorbells, kDmaWrites, kDmaReads) and,
-// for those with bytes, its bytes (the kind after it).
+// One operation of kind k (kPosts, kDoorbells, kDmaWrites, kDmaReads,
+// kRemoteReads) and, for those with bytes, its bytes (the kind after it).
 inline void count(WorkKind k, uint64_t bytes = 0) {
   static thread_local WorkSlot *slot __attribute__((tls_model("initial-exec"))) = nullptr;
   if (__builtin_expect(!slot, 0)) {
@@ -176,7 +184,7 @@ inline void count(WorkKind k, uint64_t bytes = 0) {
     v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   };
   add(slot->v[k], 1);
-  if (k != kDoorbells) add(slot->v[k + 1], bytes);
+  if (k == kPosts || k == kDmaWrites || k == kDmaReads) add(slot->v[k + 1], bytes);
 }
 
 Work work_done() {
@@ -184,8 +192,8 @@ Work work_done() {
   std::lock_guard<std::mutex> g(work_mu);
   for (const WorkSlot *s : work_slots)
     for (int k = 0; k < kWorkKinds; ++k) v[k] += s->v[k].load(std::memory_order_relaxed);
-  return Work{v[kPosts],         v[kPostBytes], v[kDoorbells],   v[kDmaWrites],
-              v[kDmaWriteBytes], v[kDmaReads],  v[kDmaReadBytes]};
+  return Work{v[kPosts],         v[kPostBytes], v[kDoorbells],    v[kDmaWrites],
+              v[kDmaWriteBytes], v[kDmaReads],  v[kDmaReadBytes], v[kRemoteReads]};
 }
 
 uint64_t mono_ns() {
@@ -517,7 +525,7 @@ class EmuFabric final : public Fabric {
   int post(Peer &p, size_t off, const void *src, size_t len) override;
   void doorbell(Peer &p, bool maskable) override;
   void polling() override {
-    hdr_->quiet_until.store(mono_ns() + kQuietNs, std::memory_order_relaxed);
+    if (!strict_) hdr_->quiet_until.store(mono_ns() + kQuietNs, std::memory_order_relaxed);
   }
   uint64_t quiet_until_ns() override { return hdr_->quiet_until.load(std::memory_order_relaxed); }
   void not_polling() override {
@@ -550,6 +558,7 @@ class EmuFabric final : public Fabric {
 
   std::string name_;
   std::string path_;
+  const bool strict_ = strict_from_env();
   std::thread life_;
   std::atomic<uint32_t> life_stop_{0};  // futex word the life thread sleeps on
   int table_fd_ = -1;
@@ -1201,7 +1210,9 @@ int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
 
 void EmuFabric::doorbell(Peer &pp, bool maskable) {
   auto &p = static_cast<EmuPeer &>(pp);
-  if (maskable) {
+  // Strict: as through an NT port, the ringer does not see the peer's mask.
+  if (maskable && !strict_) {
+    count(kRemoteReads);
     // Masked for long yet: the peer's progress thread looks at its lanes
     // only when the mask runs out, long after what was posted is visible.
     // (The fence below would wait for those stores to leave this core: a

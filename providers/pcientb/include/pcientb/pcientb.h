@@ -66,10 +66,12 @@ int pcientb_query_port_counters(struct ibv_context *ctx, uint8_t port,
 /* The PCIe-level work this process has done through the fabric of `ctx` so
  * far, what a hardware timing model takes (docs/transport.md): posted writes
  * to peers' control memory (link boxes, mirrors, lanes) and their bytes, node
- * doorbells rung (a masked peer is not rung), and one-sided moves into and
- * out of peers' registered windows (the DMA role: one per contiguous piece)
- * and their bytes. Counted for the process, whatever its contexts. 0, or
- * EINVAL (not a pcientb context). Found as pcientb_query_port_counters is. */
+ * doorbells rung (a masked peer is not rung), one-sided moves into and out
+ * of peers' registered windows (the DMA role: one per contiguous piece) and
+ * their bytes, and loads from a peer's memory outside that role (the
+ * emulated fabric's looks at a peer's doorbell mask; none with
+ * PCIENTB_NTB_STRICT=1). Counted for the process, whatever its contexts. 0,
+ * or EINVAL (not a pcientb context). Found as pcientb_query_port_counters is. */
 struct pcientb_work {
   uint64_t posts;
   uint64_t post_bytes;
@@ -78,6 +80,7 @@ struct pcientb_work {
   uint64_t dma_write_bytes;
   uint64_t dma_reads;
   uint64_t dma_read_bytes;
+  uint64_t remote_reads;
 };
 int pcientb_query_work(struct ibv_context *ctx, struct pcientb_work *out);
 
