@@ -176,8 +176,10 @@ class Node {
   };
   void push_mr_to(const InLink &to, uint32_t idx);  // with links_mu_
   void push_qp_to(const InLink &to, uint32_t idx);
-  void serve_requests(InLink &l);
-  bool serve_requests_locked(InLink &l);  // with l.mu; false: stopped, no room to answer
+  // out: the link to the same peer, whose answers are taken before requests
+  // that came after them.
+  void serve_requests(InLink &l, OutLink *out);
+  bool serve_requests_locked(InLink &l, OutLink *out);  // with l.mu; false: no room to answer
   // wait: even if another thread takes them now (then they are taken on return).
   void take_answers(OutLink &l, bool wait = false);
   void take_answers_locked(OutLink &l);  // with l.ans_mu

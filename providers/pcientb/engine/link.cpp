@@ -256,16 +256,16 @@ void Node::serve_links() {
   }
 }
 
-void Node::serve_requests(InLink &l) {
+void Node::serve_requests(InLink &l, OutLink *out) {
   void *area = fab_->area();
   // Nothing there (the common case of a poll): no locked instruction. A
   // thread that finds the lock taken leaves: the holder looks again after
   // it lets go.
   while (lane_peek(area, l.requests) && l.mu.try_lock())
-    if (!serve_requests_locked(l)) return;  // no room to answer: the peer's credit rings
+    if (!serve_requests_locked(l, out)) return;  // no room to answer: the peer's credit rings
 }
 
-bool Node::serve_requests_locked(InLink &l) {
+bool Node::serve_requests_locked(InLink &l, OutLink *out) {
   void *area = fab_->area();
   bool answered = false, room = true;
   // A SEND's success acknowledges every request of its QP before it (as an
@@ -287,6 +287,12 @@ bool Node::serve_requests_locked(InLink &l) {
   };
   uint16_t cells;
   while (const RecordHead *h = lane_peek(area, l.requests, &cells)) {
+    // The peer's answers that came meanwhile go first (they were posted
+    // before this request: see service()).
+    if (out && lane_peek(area, out->answers)) {
+      flush();
+      take_answers(*out, true);
+    }
     if (h->type != kRecPad) {
       // No room to answer (the one held, and this one): the rest waits
       // (answers never wait for requests).
@@ -380,9 +386,10 @@ void Node::service() {
     // event). Requests seen means the answers posted before them are seen:
     // those are taken, waiting for a thread that takes them meanwhile.
     const bool requests = in && lane_peek(area, in->requests);
-    if (OutLink *l = out_[lid].load(std::memory_order_acquire); l && l->up.load())
-      take_answers(*l, requests);
-    if (requests) serve_requests(*in);
+    OutLink *out = out_[lid].load(std::memory_order_acquire);
+    if (out && !out->up.load(std::memory_order_acquire)) out = nullptr;
+    if (out) take_answers(*out, requests);
+    if (requests) serve_requests(*in, out);
   }
 }
 

@@ -272,30 +272,24 @@ RqShared *receive_queue(Qp *t) {
 
 // Claims and fills the receive completion wc of QP t (its QP fails if the
 // CQ overran).
-void receipt(Node &node, Qp *t, const ibv_wc &wc, bool solicited, Receipt *out) {
-  CqShared *cq = t->rcq->sh;
-  CqEntry *e = cq_claim(node.fab(), node.self(), cq, &out->pos);
-  if (!e) {
-    qp_overran(node, t->sh);
-    return;
-  }
-  e->wc = wc;
-  e->sq_ticket = 0;
-  out->cq = cq;
+void receipt(Qp *t, const ibv_wc &wc, bool solicited, Receipt *out) {
+  out->qp = t->sh;
+  out->cq = t->rcq->sh;
+  out->wc = wc;
   out->solicited = solicited;
 }
 
 // The connection's receive of a message could not be finished (the
 // requester died or its window went away while the bytes were pulled): the
 // receive completes flushed, and the QP fails, as its connection has.
-void broken(Node &node, Qp *t, const RecvCopy &r, Receipt *out) {
+void broken(Qp *t, const RecvCopy &r, Receipt *out) {
   ibv_wc wc{};
   wc.wr_id = r.wr_id;
   wc.status = IBV_WC_WR_FLUSH_ERR;
   wc.opcode = IBV_WC_RECV;
   wc.qp_num = t->sh->qpn.load(std::memory_order_relaxed);
-  receipt(node, t, wc, true, out);
-  out->fail = t->sh;
+  receipt(t, wc, true, out);
+  out->fail = true;
 }
 
 void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, const uint8_t *after,
@@ -344,16 +338,16 @@ void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, cons
     // requester is told its request was invalid.
     answer->status = wc.status == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR;
     wc.byte_len = 0;
-    receipt(node, t, wc, true, out);
-    out->fail = t->sh;
+    receipt(t, wc, true, out);
+    out->fail = true;
     return;
   }
   if (place(node.fab(), from, dst, 0, src, r.byte_len) != fabric::MoveStatus::ok) {
-    broken(node, t, wqe, out);
+    broken(t, wqe, out);
     answer->status = IBV_WC_REM_OP_ERR;
     return;
   }
-  receipt(node, t, wc, r.solicited, out);
+  receipt(t, wc, r.solicited, out);
   answer->status = IBV_WC_SUCCESS;
 }
 
@@ -392,7 +386,7 @@ void serve_datagram(Node &node, fabric::Peer &from, const DatagramRecord &r, con
   } else {
     wc.byte_len = 0;
   }
-  receipt(node, t, wc, r.solicited, out);
+  receipt(t, wc, r.solicited, out);
 }
 
 void serve_atomic(Node &node, Qp *t, const AtomicRecord &r, AnswerRecord *answer) {
@@ -470,8 +464,9 @@ bool serve_in_order(Node &node, fabric::Peer &from, const RecordHead &h, AnswerR
 }  // namespace
 
 void commit_receipt(Node &node, const Receipt &r) {
-  if (r.cq) cq_commit(node.fab(), node.self(), r.cq, r.pos, r.solicited);
-  if (r.fail) fail_target(node, r.fail);
+  if (!r.qp) return;
+  complete_to(node, r.qp, r.cq, r.wc, r.solicited);
+  if (r.fail) fail_target(node, r.qp);
 }
 
 bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, uint16_t cells,

@@ -79,14 +79,16 @@ void fail_target(Node &node, QpShared *qp);
 // applications wait for it before destroying the QP).
 void last_wqe_reached(Node &node, QpShared *qp);
 
-// The receive completion a served request makes, claimed and filled but
-// not published: its answer goes first (a program that sees the receive
-// and replies must not overtake the answer), then commit_receipt.
+// The receive completion a served request makes, not added yet: its answer
+// goes first (a program that sees the receive and replies must not overtake
+// the answer), then commit_receipt adds it. Not claimed before: a claimed
+// slot not yet published would hide later entries of the CQ from its poller.
 struct Receipt {
-  CqShared *cq = nullptr;  // nullptr: none
-  uint64_t pos = 0;
+  QpShared *qp = nullptr;  // nullptr: none
+  CqShared *cq = nullptr;
+  ibv_wc wc;
   bool solicited = false;
-  QpShared *fail = nullptr;  // a responder error: this QP fails once it is published
+  bool fail = false;  // a responder error: the QP fails once it is added
 };
 void commit_receipt(Node &node, const Receipt &r);
 
