@@ -190,7 +190,8 @@ int poll_cq(Cq *cq, int n, ibv_wc *wc) {
 
 bool cq_pending(Cq *cq) {
   uint64_t pos;
-  return mpsc_peek(&cq->sh->ring, &pos) != nullptr;
+  // Records in the node's lanes become completions when a poll serves them.
+  return mpsc_peek(&cq->sh->ring, &pos) != nullptr || cq->ctx->node->lanes_waiting();
 }
 
 int req_notify_cq(Cq *cq, bool solicited_only) {

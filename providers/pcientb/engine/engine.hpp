@@ -157,6 +157,8 @@ class Node {
   void serve_links();
   // Whether answers wait in the link's lane, not taken yet.
   bool answers_waiting(const OutLink &l);
+  // Whether requests or answers of any peer wait in this node's lanes.
+  bool lanes_waiting();
 
  private:
   Node() = default;

@@ -356,6 +356,19 @@ bool Node::answers_waiting(const OutLink &l) {
   return l.up.load(std::memory_order_acquire) && lane_peek(fab_->area(), l.answers) != nullptr;
 }
 
+bool Node::lanes_waiting() {
+  void *area = fab_->area();
+  for (uint32_t lid = 1, top = links_top_.load(std::memory_order_acquire); lid < top; ++lid) {
+    if (InLink *l = in_[lid].load(std::memory_order_acquire);
+        l && !l->peer->dead() && lane_peek(area, l->requests))
+      return true;
+    if (OutLink *l = out_[lid].load(std::memory_order_acquire);
+        l && l->up.load(std::memory_order_acquire) && lane_peek(area, l->answers))
+      return true;
+  }
+  return false;
+}
+
 void Node::links_barrier() {
   // Every link ever made: a thread may still serve one replaced at its LID.
   std::vector<OutLink *> outs;

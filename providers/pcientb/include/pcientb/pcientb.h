@@ -84,11 +84,12 @@ struct pcientb_work {
 };
 int pcientb_query_work(struct ibv_context *ctx, struct pcientb_work *out);
 
-/* 1 if a completion may be waiting in `cq` (a CQ of this provider), 0 if none
- * was a moment ago: one load, no lock and no system call, for an event loop
- * watching many CQs that polls only those with news. A hint: a completion
- * arriving as it looks may be missed, so before sleeping poll every CQ (or arm
- * it). Found as pcientb_query_port_counters is. */
+/* 1 if a completion may be waiting in `cq` (a CQ of this provider), or peers
+ * posted work that a poll of a CQ of its node turns into completions; 0 if
+ * none was a moment ago: a few loads, no lock and no system call, for an
+ * event loop watching many CQs that polls only those with news. A hint: a
+ * completion arriving as it looks may be missed, so before sleeping poll every
+ * CQ (or arm it). Found as pcientb_query_port_counters is. */
 int pcientb_cq_pending(struct ibv_cq *cq);
 
 /* The index of the emulated device whose uverbs device node a kernel driver
