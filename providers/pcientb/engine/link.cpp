@@ -362,8 +362,7 @@ bool Node::lanes_waiting() {
     if (InLink *l = in_[lid].load(std::memory_order_acquire);
         l && !l->peer->dead() && lane_peek(area, l->requests))
       return true;
-    if (OutLink *l = out_[lid].load(std::memory_order_acquire);
-        l && l->up.load(std::memory_order_acquire) && lane_peek(area, l->answers))
+    if (OutLink *l = out_[lid].load(std::memory_order_acquire); l && answers_waiting(*l))
       return true;
   }
   return false;
