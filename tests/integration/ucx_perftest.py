@@ -13,9 +13,9 @@ The server is `ucx_perftest -p PORT ...`, the client `ucx_perftest 127.0.0.1 -p
 PORT ...`. OPTIONS must include -n ITERS.
 
 Checks: both exit 0 and print no error; the client's `Final:` line reports ITERS
-iterations and plausible figures (latency > 0 and < 10 ms, bandwidth > 0 and below
-1 TB/s, message rate > 0); the server's banner shows the size and data layout
-asked for; UCP: every endpoint lane is rc_verbs/ud_verbs on pcientb0:1
+iterations and plausible figures (all > 0; the whole run's latency below 10 ms
+plus 10 ns a byte, bandwidth below 1 TB/s); the server's banner shows the size
+and data layout asked for; UCP: every endpoint lane is rc_verbs/ud_verbs on pcientb0:1
 (UCX_LOG_LEVEL=info); and the provider's counters (PCIENTB_STATS) show both
 processes on pcientb0 and at least the payload the test moved, posted with the
 verb the test exercises (put: RDMA WRITE; get: RDMA READ; add_lat, fadd, cswap:
@@ -91,18 +91,20 @@ def main():
             fail("client printed no 'Final:' line")
         n = int(m.group(1))
         pct, lat_avg, lat_all, bw_avg, bw_all, rate_avg, rate_all = map(float, m.groups()[1:])
-        log(f"Final: {n} iterations, latency {pct} (typical) {lat_avg} (avg) us, "
-            f"bandwidth {bw_avg} MB/s, {rate_avg:.0f} msg/s")
+        log(f"Final: {n} iterations, latency {pct} (typical) {lat_avg} (avg) {lat_all} "
+            f"(overall) us, bandwidth {bw_avg} MB/s, {rate_avg:.0f} msg/s")
         if n != iters:
             fail(f"Final: {n} iterations, expected {iters}")
         figures = (pct, lat_avg, lat_all, bw_avg, bw_all, rate_avg, rate_all)
         if not all(math.isfinite(v) and v > 0 for v in figures):
             fail(f"Final: figures not all > 0: {m.group(0)}")
-        # A sanity bound, not a target: 10 ms, plus 10 ns a byte for large messages (a 4 MiB
-        # message over ud_verbs waits out UCX's retransmission timers when the host is busy
-        # and a datagram finds no receive posted: 15 ms seen on a loaded CI machine).
-        if max(pct, lat_avg) >= 10000 + size / 100:
-            fail(f"Final: latency {lat_avg} us is implausible")
+        # A sanity bound, not a target: 10 ms, plus 10 ns a byte for large messages. It holds
+        # the whole run's figure ("overall"): "average" and the percentile are of the last
+        # report interval only, a few iterations at the end of a bandwidth run, where one
+        # stall on a busy host weighs tens of ms (ud_v 1 MiB puts under ASan on CI: 76 ms
+        # "average", 6 ms overall).
+        if lat_all >= 10000 + size / 100:
+            fail(f"Final: overall latency {lat_all} us is implausible")
         if max(bw_avg, bw_all) >= 1e6:
             fail(f"Final: bandwidth {bw_avg} MB/s is implausible")
 

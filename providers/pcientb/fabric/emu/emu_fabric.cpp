@@ -1190,20 +1190,30 @@ int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
   auto *dst = static_cast<uint8_t *>(p.area()) + off;
   auto *from = static_cast<const uint8_t *>(src);
   std::atomic_thread_fence(std::memory_order_release);
-  // Aligned words are stored whole: they are what a reader checks.
+  // Aligned words are stored whole: they are what a reader checks. The bytes
+  // before the first aligned word go one by one (a post may start mid-word,
+  // as a record's body after its seq does), the rest a word at a time.
   size_t i = 0;
-  if ((reinterpret_cast<uintptr_t>(dst) & 7) == 0)
-    for (; i + 8 <= len; i += 8) {
-      uint64_t v;
-      memcpy(&v, from + i, 8);
-      __atomic_store_n(reinterpret_cast<uint64_t *>(dst + i), v, __ATOMIC_RELAXED);
-    }
-  if ((reinterpret_cast<uintptr_t>(dst + i) & 3) == 0 && i + 4 <= len) {
+  auto word32 = [&] {
     uint32_t v;
     memcpy(&v, from + i, 4);
     __atomic_store_n(reinterpret_cast<uint32_t *>(dst + i), v, __ATOMIC_RELAXED);
     i += 4;
+  };
+  while (i < len && (reinterpret_cast<uintptr_t>(dst + i) & 7)) {
+    if ((reinterpret_cast<uintptr_t>(dst + i) & 3) == 0 && i + 4 <= len) {
+      word32();
+    } else {
+      __atomic_store_n(dst + i, from[i], __ATOMIC_RELAXED);
+      ++i;
+    }
   }
+  for (; i + 8 <= len; i += 8) {
+    uint64_t v;
+    memcpy(&v, from + i, 8);
+    __atomic_store_n(reinterpret_cast<uint64_t *>(dst + i), v, __ATOMIC_RELAXED);
+  }
+  if (i + 4 <= len) word32();
   for (; i < len; ++i) __atomic_store_n(dst + i, from[i], __ATOMIC_RELAXED);
   return 0;
 }
