@@ -5,9 +5,11 @@
 // it did not register for the hostile node. The hostile side drives the
 // engine directly (the static pcientb::engine), as a buggy or malicious
 // provider on another host could.
+#include <unistd.h>
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "engine/engine.hpp"
@@ -144,6 +146,34 @@ TEST(Hostile, NonsenseFromAPeerHurtsOnlyItsOwnTraffic) {
         attack(t.lid, t.qpn, t.addr, t.rkey);
         ch.signal();
       });
+}
+
+// The emulated fabric's posts land byte for byte whatever their offset and length: a record's
+// body starts mid-word (after its seq), and the words after that are stored whole.
+TEST(Hostile, PostsLandExactlyAtEveryOffsetAndLength) {
+  const std::string name = "hostile_post_" + std::to_string(getpid());
+  int err = 0;
+  std::shared_ptr<eng::Node> node = eng::Node::acquire(name.c_str(), &err);
+  ASSERT_TRUE(node) << "cannot join the fabric: " << strerror(err);
+  fabric::Fabric &fab = node->fab();
+  fabric::Peer *self = fab.peer(fab.lid());
+  ASSERT_NE(self, nullptr);
+  constexpr size_t kSpan = 512;
+  const eng::Off off = node->alloc(kSpan);
+  ASSERT_NE(off, 0u);
+  auto *area = static_cast<uint8_t *>(node->ptr(off));
+  uint8_t src[kSpan];
+  for (size_t i = 0; i < kSpan; ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
+  for (size_t start = 0; start < 16; ++start)
+    for (size_t len : {0, 1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 15, 16, 17, 60, 64, 100, 300}) {
+      const uint8_t *from = src + (start * 3) % 8;  // the source misaligned too
+      memset(area, 0xee, kSpan);
+      ASSERT_EQ(0, fab.post(*self, off + start, from, len));
+      ASSERT_EQ(0, memcmp(area + start, from, len)) << "offset " << start << " length " << len;
+      for (size_t k = 0; k < start; ++k) ASSERT_EQ(area[k], 0xee) << "before, length " << len;
+      for (size_t k = start + len; k < kSpan; ++k) ASSERT_EQ(area[k], 0xee) << "after";
+    }
+  node->free(off);
 }
 
 }  // namespace

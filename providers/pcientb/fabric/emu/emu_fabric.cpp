@@ -793,15 +793,18 @@ const EmuPeer::Mapping *EmuPeer::chunk_mapping(uint32_t idx, uint32_t gen) {
 uint8_t *EmuPeer::translate(const WindowEntry &w, uint64_t raddr, size_t len, size_t *run) {
   for (uint32_t i = 0; i < w.n_extents && i < kMaxExtents; ++i) {
     const Extent &e = w.ext[i];
-    if (raddr < e.va || raddr >= e.va + e.len) continue;
+    // The peer writes its window table: no sum of its numbers may wrap, and a
+    // run never leaves the chunk as mapped here.
+    if (raddr < e.va || raddr - e.va >= e.len) continue;
+    const uint64_t in = raddr - e.va;
     if (self) {
-      *run = std::min<uint64_t>(len, e.va + e.len - raddr);
+      *run = std::min<uint64_t>(len, e.len - in);
       return reinterpret_cast<uint8_t *>(raddr);
     }
     const Mapping *m = chunk_mapping(e.chunk, e.chunk_gen);
-    if (!m || e.chunk_off + (raddr - e.va) >= m->size) return nullptr;
-    *run = std::min<uint64_t>(len, e.va + e.len - raddr);
-    return m->base + e.chunk_off + (raddr - e.va);
+    if (!m || e.chunk_off >= m->size || in >= m->size - e.chunk_off) return nullptr;
+    *run = std::min<uint64_t>({len, e.len - in, m->size - e.chunk_off - in});
+    return m->base + e.chunk_off + in;
   }
   return nullptr;
 }
