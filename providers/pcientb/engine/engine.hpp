@@ -556,9 +556,12 @@ uint64_t progress_qp(Qp *qp);
 void qp_enter_error(Qp *qp);
 // The target's answer to a request of qp (requester.cpp).
 void qp_answer(Qp *qp, const AnswerRecord &a);
-// Posts a record of len bytes into a peer's lane (its head's seq is set
-// here); false when the lane has no room (link.cpp).
-bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len);
+// Posts a record of len bytes, then the bytes `after` gathers (if any),
+// into a peer's lane (its head's seq is set here); false when the lane has
+// no room (link.cpp).
+struct Gather;
+bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len,
+              const Gather *after = nullptr);
 // Adding a completion to a CQ of this node (`owner`): claim an entry and
 // fill it in place, then commit it, which publishes it and raises the
 // completion event the CQ is armed for. cq_claim returns nullptr when the CQ

@@ -362,8 +362,6 @@ struct DatagramRecord {
 };
 enum DatagramFlags : uint32_t { kDgImm = 1, kDgGrh = 2 };
 static_assert(sizeof(DatagramRecord) % 8 == 0);
-constexpr uint32_t kMaxDatagramCells =
-    static_cast<uint32_t>((sizeof(DatagramRecord) + kMtu + kCell - 1) / kCell);
 
 // The target's answer to a request: its status (IBV_WC_SUCCESS, or the
 // error the requester completes with; kAnswerRetry: the QP was not there or

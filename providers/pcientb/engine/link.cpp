@@ -68,9 +68,13 @@ bool lane_room(const LaneOut &l, size_t len) {
 
 }  // namespace
 
-bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len) {
-  if (!lane_room(l, len)) return false;
-  const auto n = static_cast<uint16_t>((len + kCell - 1) / kCell);
+bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len,
+              const Gather *after) {
+  size_t total = len;
+  if (after)
+    for (uint32_t i = 0; i < after->n; ++i) total += after->len[i];
+  if (!lane_room(l, total)) return false;
+  const auto n = static_cast<uint16_t>((total + kCell - 1) / kCell);
   uint64_t at = l.tail % l.cells;
   uint64_t pad = at + n > l.cells ? l.cells - at : 0;
   if (pad) {
@@ -85,9 +89,15 @@ bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *r
   rec->cells = n;
   const uint32_t seq = seq_of(l.tail);
   const size_t off = l.lane + at * kCell;
-  // The record, then its seq: the consumer sees it whole or not at all.
+  // The record, then its seq: the consumer sees it whole or not at all. The
+  // bytes after it go from where they are (no copy into a staging record).
   fab.post(peer, off + sizeof rec->seq, reinterpret_cast<const uint8_t *>(rec) + sizeof rec->seq,
            len - sizeof rec->seq);
+  if (after) {
+    size_t pos = off + len;
+    for (uint32_t i = 0; i < after->n; pos += after->len[i++])
+      if (after->len[i]) fab.post(peer, pos, after->ptr[i], after->len[i]);
+  }
   fab.post(peer, off, &seq, sizeof seq);
   l.tail += n;
   return true;

@@ -98,32 +98,22 @@ uint32_t stamp(Qp *qp, SendWqe &w, RecordHead *h, uint32_t dqpn) {
 
 // Posts a record to the link's request lane and rings the target; busy when
 // the lane has no room (the target is behind: tried again soon).
-bool put_request(fabric::Fabric &fab, fabric::Peer &peer, OutLink &l, RecordHead *rec, size_t len) {
+bool put_request(fabric::Fabric &fab, fabric::Peer &peer, OutLink &l, RecordHead *rec, size_t len,
+                 const Gather *after = nullptr) {
   bool put;
   {
     std::lock_guard<SpinLock> g(l.req_mu);
-    put = lane_put(fab, peer, l.requests, rec, len);
+    put = lane_put(fab, peer, l.requests, rec, len, after);
   }
   if (put) fab.doorbell(peer);
   return put;
 }
 
-// The message's bytes after its record: inline when they fit, else as the
-// pieces of this node's windows the target pulls them from. Returns the
-// record's length.
-size_t add_payload(SendRecord *r, const Gather &src, uint64_t len) {
-  auto *after = reinterpret_cast<uint8_t *>(r + 1);
-  r->byte_len = static_cast<uint32_t>(len);
+// A message too long to go inline names the pieces of this node's windows
+// the target pulls its bytes from. Returns the record's length.
+size_t add_pieces(SendRecord *r, const Gather &src) {
+  auto *p = reinterpret_cast<Piece *>(r + 1);
   r->pieces = 0;
-  if (len <= kRecordInline) {
-    uint64_t at = 0;
-    for (uint32_t i = 0; i < src.n; ++i) {
-      if (src.len[i]) memcpy(after + at, src.ptr[i], src.len[i]);  // an empty SGE may be NULL
-      at += src.len[i];
-    }
-    return sizeof *r + len;
-  }
-  auto *p = reinterpret_cast<Piece *>(after);
   for (uint32_t i = 0; i < src.n; ++i)
     if (src.len[i])
       p[r->pieces++] = Piece{src.win[i], reinterpret_cast<uint64_t>(src.ptr[i]), src.len[i]};
@@ -164,26 +154,22 @@ Result execute_ud(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
   for (uint64_t until = now_ns() + kLinkWaitNs; !l && now_ns() < until; l = node.link(*peer))
     sched_yield();
   if (!l) return {Outcome::busy, IBV_WC_SUCCESS, 0};
-  alignas(8) uint8_t buf[kMaxDatagramCells * kCell];
-  auto *r = new (buf) DatagramRecord{};
-  r->head.type = kRecDatagram;
-  r->head.qpn = w.remote_qpn;
-  r->head.src_qpn = qp->ibv->qp_num;
-  r->qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
-  r->solicited = (w.flags & IBV_SEND_SOLICITED) != 0;
-  r->byte_len = static_cast<uint32_t>(len);
+  DatagramRecord r{};
+  r.head.type = kRecDatagram;
+  r.head.qpn = w.remote_qpn;
+  r.head.src_qpn = qp->ibv->qp_num;
+  r.qkey = (w.remote_qkey & 0x80000000u) ? qp->attr.qkey : w.remote_qkey;
+  r.solicited = (w.flags & IBV_SEND_SOLICITED) != 0;
+  r.byte_len = static_cast<uint32_t>(len);
   if (w.opcode == IBV_WR_SEND_WITH_IMM) {
-    r->imm = w.imm;
-    r->flags |= kDgImm;
+    r.imm = w.imm;
+    r.flags |= kDgImm;
   }
   if (ah->attr.is_global) {
-    fill_grh(qp, ah, static_cast<uint32_t>(len), r->grh);
-    r->flags |= kDgGrh;
+    fill_grh(qp, ah, static_cast<uint32_t>(len), r.grh);
+    r.flags |= kDgGrh;
   }
-  auto *after = buf + sizeof *r;
-  for (uint32_t i = 0, at = 0; i < src.n; at += static_cast<uint32_t>(src.len[i]), ++i)
-    if (src.len[i]) memcpy(after + at, src.ptr[i], src.len[i]);
-  if (!put_request(fab, *peer, *l, &r->head, sizeof *r + len))
+  if (!put_request(fab, *peer, *l, &r.head, sizeof r, &src))
     return {Outcome::busy, IBV_WC_SUCCESS, 0};
   return done(IBV_WC_SUCCESS);
 }
@@ -221,8 +207,8 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
            : s == fabric::MoveStatus::peer_dead ? IBV_WC_RETRY_EXC_ERR
                                                 : IBV_WC_REM_ACCESS_ERR;
   };
-  auto sent = [&](RecordHead *h, size_t rec_len) -> Result {
-    if (!put_request(fab, *peer, *qp->link, h, rec_len))
+  auto sent = [&](RecordHead *h, size_t rec_len, const Gather *after = nullptr) -> Result {
+    if (!put_request(fab, *peer, *qp->link, h, rec_len, after))
       return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0};
     return {Outcome::sent, IBV_WC_SUCCESS, 0, h->psn};
   };
@@ -274,7 +260,7 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
       // Executed by the target: it takes the receive from its own queue,
       // places the bytes (a WRITE's after checking the rkey in its own
       // table) and completes into its own CQ; the answer completes the WR.
-      alignas(8) uint8_t buf[kMaxRecordCells * kCell];
+      alignas(8) uint8_t buf[sizeof(SendRecord) + (kMaxSge + 1) * sizeof(Piece)];
       auto *r = new (buf) SendRecord{};
       r->head.type = kRecSend;
       stamp(qp, w, &r->head, dqpn);
@@ -283,7 +269,10 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
       r->imm = w.imm;
       r->remote_addr = w.remote_addr;
       r->rkey = w.rkey;
-      return sent(&r->head, add_payload(r, src, len));
+      r->byte_len = static_cast<uint32_t>(len);
+      // Short: the bytes follow the record in the lane, posted from where they are.
+      if (len <= kRecordInline) return sent(&r->head, sizeof *r, &src);
+      return sent(&r->head, add_pieces(r, src));
     }
     default:
       return done(IBV_WC_LOC_QP_OP_ERR);
