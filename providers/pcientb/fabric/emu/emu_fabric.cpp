@@ -1193,9 +1193,9 @@ int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
   auto *dst = static_cast<uint8_t *>(p.area()) + off;
   auto *from = static_cast<const uint8_t *>(src);
   std::atomic_thread_fence(std::memory_order_release);
-  // Aligned words are stored whole: they are what a reader checks. The bytes
-  // before the first aligned word go one by one (a post may start mid-word,
-  // as a record's body after its seq does), the rest a word at a time.
+  // Aligned words are stored whole: they are what a reader checks. A post may
+  // start mid-word (a record's body after its seq): up to the first aligned
+  // word it goes by 4-byte word or byte, then a word at a time.
   size_t i = 0;
   auto word32 = [&] {
     uint32_t v;
