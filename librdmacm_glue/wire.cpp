@@ -1,5 +1,7 @@
 #include "wire.hpp"
 
+#include <pcientb/pcientb.h>
+
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 
@@ -12,19 +14,9 @@ namespace pcientb::cm {
 
 namespace {
 
-// $PCIENTB_FABRIC as the provider reads it (as the process started when it is no longer
-// set: servers such as nginx replace their environment); long names are hashed so that the
-// address fits sun_path.
-const char *fabric_at_load = nullptr;
-__attribute__((constructor)) void read_fabric_at_load() {
-  const char *f = std::getenv("PCIENTB_FABRIC");
-  if (f != nullptr && *f != '\0') fabric_at_load = strdup(f);
-}
-
+// The provider's fabric; long names are hashed so that the address fits sun_path.
 std::string fabric_tag() {
-  const char *f = std::getenv("PCIENTB_FABRIC");
-  if (f == nullptr || *f == '\0') f = fabric_at_load;
-  std::string name = f != nullptr ? f : "default";
+  std::string name = pcientb_fabric_name();
   if (name.size() <= 64) return name;
   uint64_t h = 1469598103934665603ULL;  // FNV-1a
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;

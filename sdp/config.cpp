@@ -1,6 +1,7 @@
 // Configuration from the environment and the switch rules (libsdp style), the decision log
 // and the stats lines.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -127,6 +128,19 @@ void add_rules(std::vector<Rule> &rules, std::istream &in, const std::string &or
 
 void write_totals();  // below
 
+// The provider's fabric: the discovery names must meet the peers the provider reaches.
+// Loaded by the preload library at start, not linked: found by name, as pcientb.h says.
+// Without it no socket is offered to SDP (link_device_usable), and the name is moot.
+std::string provider_fabric() {
+  std::string f = "default";
+  if (void *lib = dlopen("libpcientb-rdmav34.so", RTLD_NOW | RTLD_NOLOAD)) {
+    if (auto name = reinterpret_cast<const char *(*)()>(dlsym(lib, "pcientb_fabric_name")))
+      f = name();
+    dlclose(lib);  // it stays: the preload library holds it
+  }
+  return f;
+}
+
 struct State {
   Config cfg;
   std::vector<Rule> rules;
@@ -153,7 +167,7 @@ struct State {
         fprintf(stderr,
                 "pcientb-sdp: PCIENTB_SDP_RING=%s ignored (a power of two, 64 KiB..1 GiB)\n", e);
     }
-    cfg.fabric = (e = getenv("PCIENTB_FABRIC")) && *e ? e : "default";
+    cfg.fabric = provider_fabric();
     if ((e = getenv("PCIENTB_SDP_STATS"))) cfg.stats_path = e;
     // Before any connection: runs after the exit handler that closes those still open.
     if (!cfg.stats_path.empty()) atexit(write_totals);

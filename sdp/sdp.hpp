@@ -33,7 +33,7 @@ struct Config {
   int zcopy_thresh = 1 << 20;
   uint32_t ring_bytes = 1u << 20;  // PCIENTB_SDP_RING (receive ring per direction)
   int spin_us = 50;                // PCIENTB_SDP_SPIN_US: busy-poll before sleeping
-  std::string fabric;              // PCIENTB_FABRIC
+  std::string fabric;              // the provider's (pcientb_fabric_name)
   std::string stats_path;          // PCIENTB_SDP_STATS
 };
 const Config &config();

@@ -510,20 +510,18 @@ void Node::progress_loop() {
 // ---- context --------------------------------------------------------------
 
 namespace {
-// $PCIENTB_FABRIC, or as the process started when it is no longer set: servers such as
-// nginx replace their environment before they first open the device (the preload library
-// loads the provider at start). A program may still set it before its first open.
 const char *fabric_at_load = nullptr;
 __attribute__((constructor)) void read_fabric_at_load() {
   const char *name = getenv("PCIENTB_FABRIC");
   if (name && *name) fabric_at_load = strdup(name);
 }
+}  // namespace
+
 const char *fabric_name() {
   const char *name = getenv("PCIENTB_FABRIC");
   if (name && *name) return name;
   return fabric_at_load ? fabric_at_load : "default";
 }
-}  // namespace
 
 Context *Context::open(int *err) {
   auto node = Node::acquire(fabric_name(), err);

@@ -45,6 +45,13 @@ struct InLink;
 uint64_t now_ns();         // CLOCK_MONOTONIC
 uint64_t coarse_now_ns();  // CLOCK_MONOTONIC_COARSE: cheaper, a few ms behind
 
+// The fabric this process is on: $PCIENTB_FABRIC, or its value when the
+// provider loaded if it is no longer set (servers such as nginx replace their
+// environment before they first open the device; the preload library loads
+// the provider at start), or "default". A program may still set it before its
+// first open. The one reader of the variable (pcientb_fabric_name()).
+const char *fabric_name();
+
 // This process on one fabric: shared by every context opened on it.
 class Node {
  public:

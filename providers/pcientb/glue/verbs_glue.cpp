@@ -519,6 +519,10 @@ PCIENTB_EXPORT int pcientb_query_work(ibv_context *c, pcientb_work *out) {
   return 0;
 }
 
+PCIENTB_EXPORT const char *pcientb_fabric_name(void) {
+  return pcientb::engine::fabric_name();
+}
+
 PCIENTB_EXPORT int pcientb_cq_pending(ibv_cq *cq) {
   return cq_pending(from_ibv<Cq>(cq)) ? 1 : 0;
 }

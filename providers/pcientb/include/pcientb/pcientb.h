@@ -92,6 +92,13 @@ int pcientb_query_work(struct ibv_context *ctx, struct pcientb_work *out);
  * CQ (or arm it). Found as pcientb_query_port_counters is. */
 int pcientb_cq_pending(struct ibv_cq *cq);
 
+/* The name of the fabric this process is on: $PCIENTB_FABRIC, or its value
+ * when the provider loaded if the program has cleared it since (servers that
+ * replace their environment), or "default". The socket layer and the rdma_cm
+ * glue name their rendezvous after it, so that they meet the peers the
+ * provider reaches. Found as pcientb_query_port_counters is. */
+const char *pcientb_fabric_name(void);
+
 /* The index of the emulated device whose uverbs device node a kernel driver
  * would create at `path` (/dev/infiniband/<dev_name>), or -1. */
 int pcientb_device_node_index(const char *path);
