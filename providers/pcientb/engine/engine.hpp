@@ -561,8 +561,8 @@ int post_recv(Qp *qp, const ibv_recv_wr *wr, ibv_recv_wr **bad);
 uint64_t progress_qp(Qp *qp);
 // Moves a QP to ERR from this process: flushes what it holds.
 void qp_enter_error(Qp *qp);
-// The target's answer to a request of qp (requester.cpp).
-void qp_answer(Qp *qp, const AnswerRecord &a);
+// The answer of target `from` to a request of qp (requester.cpp).
+void qp_answer(Qp *qp, const fabric::Peer &from, const AnswerRecord &a);
 // Posts a record of len bytes, then the bytes `after` gathers (if any),
 // into a peer's lane (its head's seq is set here); false when the lane has
 // no room (link.cpp).

@@ -248,13 +248,14 @@ inline uint64_t va_of(const MrShared &m, uint64_t a) {
 struct QpShared {
   std::atomic<uint32_t> qpn;    // 0 = free
   std::atomic<uint32_t> state;  // enum ibv_qp_state
-  uint32_t type;                // enum ibv_qp_type
-  uint32_t pd;
-  uint32_t access;  // qp_access_flags
-  uint32_t qkey;
-  uint32_t dest_qpn;
-  uint16_t dest_lid;
-  uint8_t min_rnr_timer;
+  // modify_qp writes these while a serving thread (link setup, a request) reads them.
+  std::atomic<uint32_t> type;  // enum ibv_qp_type
+  std::atomic<uint32_t> pd;
+  std::atomic<uint32_t> access;  // qp_access_flags
+  std::atomic<uint32_t> qkey;
+  std::atomic<uint32_t> dest_qpn;
+  std::atomic<uint16_t> dest_lid;
+  std::atomic<uint8_t> min_rnr_timer;
   uint8_t pad;
   Off rq;   // RqShared, or 0 with an SRQ
   Off srq;  // RqShared of the SRQ

@@ -350,9 +350,9 @@ void Node::take_answers_locked(OutLink &l) {
       AnswerRecord a;
       memcpy(reinterpret_cast<uint8_t *>(&a) + sizeof a.head.seq,
              reinterpret_cast<const uint8_t *>(h) + sizeof h->seq, sizeof a - sizeof a.head.seq);
-      // Only this link's QPs: a QP connected to the peer, with that number.
+      // Only this link's QPs: a QP with that number, connected to the peer.
       Qp *qp = qp_by_idx(a.head.qpn & (kMaxQps - 1));
-      if (qp && qp->ibv && qp->ibv->qp_num == a.head.qpn && qp->peer == l.peer) qp_answer(qp, a);
+      if (qp && qp->ibv && qp->ibv->qp_num == a.head.qpn) qp_answer(qp, *l.peer, a);
     }
     __atomic_store_n(&l.answers.head, l.answers.head + cells, __ATOMIC_RELAXED);
   }

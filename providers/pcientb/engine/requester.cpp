@@ -615,10 +615,12 @@ uint64_t run_backlog(Qp *qp, uint64_t next) {
 
 }  // namespace
 
-void qp_answer(Qp *qp, const AnswerRecord &a) {
+void qp_answer(Qp *qp, const fabric::Peer &from, const AnswerRecord &a) {
   uint64_t due;
   {
     std::lock_guard<SpinLock> g(qp->sq_mu);
+    // Only a QP connected to that peer (modify_qp changes it under sq_mu).
+    if (qp->peer != &from) return;
     due = answer_locked(qp, a);
   }
   if (due) qp->ctx->node->schedule(qp, due);

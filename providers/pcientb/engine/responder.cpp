@@ -116,12 +116,14 @@ bool mr_check(const MrShared *table, uint32_t key, bool remote, uint32_t pd, uin
   if (idx == 0 || idx >= kMaxMrs) return false;
   const MrShared &e = table[idx];
   if (e.key.load(std::memory_order_acquire) != want) return false;
-  out->pd = e.pd;
-  out->access = e.access;
-  out->addr = e.addr;
-  out->va = e.va;
-  out->length = e.length;
-  out->window = e.window;
+  // Word by word: the owner (or a push into a mirror) may be changing them.
+  auto word = [](const auto &f) { return __atomic_load_n(&f, __ATOMIC_RELAXED); };
+  out->pd = word(e.pd);
+  out->access = word(e.access);
+  out->addr = word(e.addr);
+  out->va = word(e.va);
+  out->length = word(e.length);
+  __atomic_load(&e.window, &out->window, __ATOMIC_RELAXED);
   // A change in between sets the key to 0 first: then nothing read counts.
   std::atomic_thread_fence(std::memory_order_acquire);
   if (e.key.load(std::memory_order_relaxed) != want) return false;

@@ -1192,7 +1192,9 @@ int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
   count(kPosts, len);
   auto *dst = static_cast<uint8_t *>(p.area()) + off;
   auto *from = static_cast<const uint8_t *>(src);
-  std::atomic_thread_fence(std::memory_order_release);
+  // Each store a release (a plain store on x86): a post lands after the posts
+  // before it, as the reader's acquire of a seq or key sees (and as TSan can
+  // follow, which a fence before relaxed stores hides from it).
   // Aligned words are stored whole: they are what a reader checks. A post may
   // start mid-word (a record's body after its seq): up to the first aligned
   // word it goes by 4-byte word or byte, then a word at a time.
@@ -1200,24 +1202,24 @@ int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
   auto word32 = [&] {
     uint32_t v;
     memcpy(&v, from + i, 4);
-    __atomic_store_n(reinterpret_cast<uint32_t *>(dst + i), v, __ATOMIC_RELAXED);
+    __atomic_store_n(reinterpret_cast<uint32_t *>(dst + i), v, __ATOMIC_RELEASE);
     i += 4;
   };
   while (i < len && (reinterpret_cast<uintptr_t>(dst + i) & 7)) {
     if ((reinterpret_cast<uintptr_t>(dst + i) & 3) == 0 && i + 4 <= len) {
       word32();
     } else {
-      __atomic_store_n(dst + i, from[i], __ATOMIC_RELAXED);
+      __atomic_store_n(dst + i, from[i], __ATOMIC_RELEASE);
       ++i;
     }
   }
   for (; i + 8 <= len; i += 8) {
     uint64_t v;
     memcpy(&v, from + i, 8);
-    __atomic_store_n(reinterpret_cast<uint64_t *>(dst + i), v, __ATOMIC_RELAXED);
+    __atomic_store_n(reinterpret_cast<uint64_t *>(dst + i), v, __ATOMIC_RELEASE);
   }
   if (i + 4 <= len) word32();
-  for (; i < len; ++i) __atomic_store_n(dst + i, from[i], __ATOMIC_RELAXED);
+  for (; i < len; ++i) __atomic_store_n(dst + i, from[i], __ATOMIC_RELEASE);
   return 0;
 }
 
