@@ -474,7 +474,7 @@ void take_answer(Sock &s, const HsMsg &m) {
 
 }  // namespace
 
-bool handshake_progress(Sock &s, bool wait) {
+bool handshake_progress(Sock &s) {
   for (;;) {
     if (s.state == State::kClientPending) {
       send_hello(s);
@@ -484,7 +484,7 @@ bool handshake_progress(Sock &s, bool wait) {
         s.state != State::kServerWait)
       return true;  // decided: SDP, or TCP (the layer has let go)
     HsMsg m;
-    int r = read_msg(s, m, wait);
+    int r = read_msg(s, m, false);
     if (r == 0) {
       errno = EAGAIN;
       return false;

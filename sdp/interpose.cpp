@@ -159,13 +159,51 @@ bool release(const std::shared_ptr<Sock> &s) {
   return lingers;
 }
 
-// Settles a socket still negotiating before data calls; false with errno when it cannot yet
-// (EAGAIN: a call that must not wait: O_NONBLOCK, or !may_wait as for MSG_DONTWAIT).
-// After it, the socket is SDP, or untracked (TCP).
-bool settle(const std::shared_ptr<Sock> &s, bool may_wait = true) {
+// Which of the socket's timeouts bounds a call's wait for the peer's handshake.
+enum class Waits { kRecv, kSend, kOther };
+
+// Settles the socket of `fd` still negotiating before data calls: after it, the socket is
+// SDP, or untracked (TCP). The peer's next message comes when its program first uses the
+// connection, which may be never: false with errno when it cannot be settled yet, as the
+// call would fail on TCP: EAGAIN for a call that must not wait (O_NONBLOCK, or !may_wait as
+// for MSG_DONTWAIT) or whose SO_RCVTIMEO/SO_SNDTIMEO passed, EINTR when a signal came (as
+// the kernel, unless the handler restarts calls), EBADF when another thread closed it. The
+// wait holds no lock: other threads may poll, use or close the socket meanwhile.
+bool settle(int fd, const std::shared_ptr<Sock> &s, bool may_wait, Waits waits) {
   if (s->state == State::kSdp) return true;
-  std::lock_guard<SockMutex> lk(s->mu);
-  return handshake_progress(*s, may_wait && !s->nonblocking);
+  const int64_t timeout_ns = waits == Waits::kRecv   ? s->rcv_timeo_ns
+                             : waits == Waits::kSend ? s->snd_timeo_ns
+                                                     : 0;
+  const int64_t start = int64_t(now_ns());
+  for (;;) {
+    int kfd;
+    {
+      std::lock_guard<SockMutex> lk(s->mu);
+      if (!negotiating(*s)) return true;  // another thread settled it meanwhile
+      if (find_sock(fd) != s) {           // or closed it
+        errno = EBADF;
+        return false;
+      }
+      if (handshake_progress(*s)) return true;
+      if (!may_wait || s->nonblocking) return false;  // EAGAIN
+      kfd = s->fd;
+    }
+    int ms = 100;  // a close by another thread is seen within this
+    if (timeout_ns > 0) {
+      const int64_t left = start + timeout_ns - int64_t(now_ns());
+      if (left <= 0) {
+        errno = EAGAIN;
+        return false;
+      }
+      ms = int(std::min<int64_t>(ms, (left + 999999) / 1000000));
+    }
+    pollfd p{kfd, POLLIN, 0};
+    signal_wait_begins();
+    if (real().poll(&p, 1, ms) < 0 && errno == EINTR && !signal_restarts()) {
+      errno = EINTR;
+      return false;
+    }
+  }
 }
 
 }  // namespace
@@ -335,11 +373,12 @@ void leave_layer(Sock &s) {
 namespace {
 
 // The SDP socket of fd, settled out of negotiation; nullptr when the kernel serves fd.
-std::shared_ptr<Sock> sdp_of(int fd, bool *failed, bool may_wait = true) {
+std::shared_ptr<Sock> sdp_of(int fd, bool *failed, bool may_wait = true,
+                             Waits waits = Waits::kOther) {
   *failed = false;
   std::shared_ptr<Sock> s = find_sock(fd);
   if (!s || !sdp_like(*s)) return nullptr;
-  if (!settle(s, may_wait)) {
+  if (!settle(fd, s, may_wait, waits)) {
     *failed = true;
     return s;
   }
@@ -359,14 +398,14 @@ Sock *cached_sdp(int fd) {
   return s && s->state == State::kSdp && !s->tx_tcp && !inherited(*s) ? s : nullptr;
 }
 
-Sock *sdp_for_io(int fd, bool *failed, bool *handled, int flags) {
+Sock *sdp_for_io(int fd, bool *failed, bool *handled, int flags, Waits waits) {
   *failed = false;
   if (Sock *s = cached_sdp(fd)) {
     *handled = true;
     return s;
   }
   uint32_t gen = fd >= 0 && fd < kFast ? fast_gen[fd].load(std::memory_order_acquire) : 0;
-  std::shared_ptr<Sock> s = sdp_of(fd, failed, !(flags & MSG_DONTWAIT));
+  std::shared_ptr<Sock> s = sdp_of(fd, failed, !(flags & MSG_DONTWAIT), waits);
   *handled = s != nullptr;
   if (!s) return nullptr;
   Sock *raw = s.get();
@@ -386,7 +425,7 @@ ssize_t kernel_serves(Sock &s, bool *handled) {
 
 ssize_t do_send(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
   bool failed;
-  Sock *s = sdp_for_io(fd, &failed, handled, flags);
+  Sock *s = sdp_for_io(fd, &failed, handled, flags, Waits::kSend);
   if (failed) return -1;
   if (!s) return 0;
   ssize_t r = stream_send(*s, iov, cnt, flags);
@@ -395,7 +434,7 @@ ssize_t do_send(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
 
 ssize_t do_recv(int fd, const iovec *iov, int cnt, int flags, bool *handled) {
   bool failed;
-  Sock *s = sdp_for_io(fd, &failed, handled, flags);
+  Sock *s = sdp_for_io(fd, &failed, handled, flags, Waits::kRecv);
   if (failed) return -1;
   if (!s) return 0;
   ssize_t r = stream_recv(*s, iov, cnt, flags);
@@ -704,7 +743,7 @@ SDP_EXPORT ssize_t splice(int in, loff_t *in_off, int out, loff_t *out_off, size
 
 SDP_EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count) {
   bool failed;
-  std::shared_ptr<Sock> s = sdp_of(out, &failed);
+  std::shared_ptr<Sock> s = sdp_of(out, &failed, true, Waits::kSend);
   if (failed) return -1;
   if (!s) return real().sendfile(out, in, offset, count);
   // The socket layer has no page cache path: read, then send (one copy more than TCP).
@@ -778,7 +817,7 @@ SDP_EXPORT int ioctl(int fd, unsigned long req, ...) {
     // Negotiating: the kernel holds handshake bytes, none of the program's yet.
     if (negotiating(*s)) {
       std::lock_guard<SockMutex> lk(s->mu);
-      handshake_progress(*s, false);
+      handshake_progress(*s);
     }
     if (s->state == State::kSdp || negotiating(*s)) {
       *static_cast<int *>(arg) = s->state == State::kSdp ? stream_fionread(*s) : 0;

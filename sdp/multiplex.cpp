@@ -43,7 +43,7 @@ int64_t now_ns() {
 int sock_revents(const std::shared_ptr<Sock> &s, short events, uint64_t *changes = nullptr) {
   if (negotiating(*s)) {
     std::lock_guard<SockMutex> lk(s->mu);
-    handshake_progress(*s, false);
+    handshake_progress(*s);
   }
   if (s->state != State::kSdp) return sdp_like(*s) ? 0 : -1;
   bool on_tcp = false;
@@ -143,16 +143,19 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     for (nfds_t i = 0; i < n; ++i)
       if (socks[i]) ++socks[i]->sleepers;
     const size_t kernel_n = k.size();
+    std::vector<ibv_cq *> cqs(n, nullptr);  // what each socket armed
     for (nfds_t i = 0; i < n; ++i) {
       // Negotiating ones with a link too: the last look below may finish their handshake.
-      if (!socks[i] || !sdp_like(*socks[i]) || !socks[i]->link.channel) continue;
-      stream_arm(*socks[i]);
+      if (!socks[i] || !sdp_like(*socks[i]) || !(cqs[i] = stream_arm(*socks[i]))) continue;
       k.push_back({socks[i]->link.channel->fd, POLLIN, 0});
       kidx.push_back(i);
     }
+    // Ready, left the layer (-1), or given a link by the last look (a handshake it advanced:
+    // nothing armed or watched of it): look again instead of sleeping.
     bool late = false;
     for (nfds_t i = 0; i < n && !late; ++i)
-      if (socks[i]) late = sock_revents(socks[i], fds[i].events) != 0;  // -1: it left
+      if (socks[i])
+        late = sock_revents(socks[i], fds[i].events) != 0 || stream_cq(*socks[i]) != cqs[i];
     if (late) {
       for (nfds_t i = 0; i < n; ++i)
         if (socks[i]) --socks[i]->sleepers;
@@ -558,12 +561,21 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     }
     // Counted as asleep before arming: a wakeup another thread takes from now on kicks.
     for (auto &s : armed) ++s->sleepers;
-    for (auto &s : armed) stream_arm(*s);
+    std::vector<ibv_cq *> cqs;
+    cqs.reserve(armed.size());
+    for (auto &s : armed) cqs.push_back(stream_arm(*s));
     n = scan(epfd, *set, out, max, true);
-    if (n) {
+    // A socket the last look gave a link (a handshake it advanced) has its CQ unarmed and its
+    // channel and kick out of the kernel set: look again (scan() watches them) rather than
+    // sleep through its data.
+    bool linked = false;
+    for (size_t i = 0; i < armed.size() && !n && !linked; ++i)
+      linked = stream_cq(*armed[i]) != cqs[i];
+    if (n || linked) {
       for (auto &s : armed) --s->sleepers;
       --set->sleepers;
-      return n;
+      if (n) return n;
+      continue;
     }
     int kn = real().epoll_pwait(epfd, k.data(), max, remaining_ms(deadline), mask);
     int err = errno;

@@ -137,9 +137,12 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags);
 // *changes: s.mu.changes() as this call left it (see SockMutex).
 // *on_tcp: the connection went back to TCP (stream_leave, then the kernel serves it).
 short stream_poll(Sock &s, uint64_t *changes = nullptr, bool *on_tcp = nullptr);
-// Arms the completion channel so that the next arrival wakes a sleeper; false if something
-// arrived meanwhile (do not sleep).
-bool stream_arm(Sock &s);
+// Arms the socket's CQ so that the next arrival raises its channel. Returns the CQ it armed
+// (nullptr: no link yet), which the caller compares with stream_cq after its last look.
+ibv_cq *stream_arm(Sock &s);
+// The socket's CQ now: a last look before sleeping may have created the link (a handshake
+// it advanced), whose CQ nobody armed and whose channel nobody watches.
+ibv_cq *stream_cq(Sock &s);
 // The kernel reported the socket's own descriptor readable (hup: its end closed): has the
 // peer closed it?
 void stream_check_peer(Sock &s, bool hup = false);
@@ -180,9 +183,9 @@ void handshake_after_connect(Sock &s);
 // Server side, on a freshly accepted socket: SDP pending, or TCP.
 void handshake_accepted(Sock &s);
 // Moves the handshake on: sends Hello, reads Hello, Accept/Decline or Confirm as far as
-// what has arrived allows (wait: blocks until decided). Returns false with errno EAGAIN
-// when not decided yet and !wait.
-bool handshake_progress(Sock &s, bool wait);
+// what has arrived allows, without waiting. Returns false with errno EAGAIN when the peer's
+// next message has not come yet (its program has not used the connection).
+bool handshake_progress(Sock &s);
 // Before exec, for a socket the new image keeps: a handshake this image started is ended
 // (abandoned, or finished within a bounded wait); true when it ended as SDP.
 bool handshake_before_exec(Sock &s);

@@ -265,7 +265,9 @@ void progress(Sock &s) {
           set_error(s, ECONNRESET);
         else
           writes_failed = true;
-        if (s.revert_at == ~0ull) logf("fd %d: completion %s", s.fd, ibv_wc_status_str(w.status));
+        // Flushes follow the first error by the hundred: they say nothing more.
+        if (s.revert_at == ~0ull && w.status != IBV_WC_WR_FLUSH_ERR)
+          logf("fd %d: completion %s", s.fd, ibv_wc_status_str(w.status));
         continue;
       }
       if (w.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
@@ -1085,10 +1087,15 @@ void stream_check_peer(Sock &s, bool hup) {
   if (s.link.qp) check_peer(s, hup);
 }
 
-bool stream_arm(Sock &s) {
+ibv_cq *stream_arm(Sock &s) {
   std::lock_guard<SockMutex> lk(s.mu);
   if (s.link.cq) ibv_req_notify_cq(s.link.cq, 0);
-  return true;
+  return s.link.cq;
+}
+
+ibv_cq *stream_cq(Sock &s) {
+  std::lock_guard<SockMutex> lk(s.mu);
+  return s.link.cq;
 }
 
 // The last sleeper out resets the kick: one that wakes earlier must not hide it from the

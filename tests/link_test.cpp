@@ -191,6 +191,42 @@ TEST(Link, AnAtomicIsExecutedByTheTarget) {
       });
 }
 
+// A thread that polls its CQ masks the node's doorbell (peers need not ring a node that
+// polls), and the node promises to look at its lanes when the mask ends. A thread that then
+// stops polling without arming a CQ leaves that look to the progress thread, asleep since
+// before the mask: it must be woken for it. Before, a request posted under the mask waited
+// for that thread's own next wake, up to a second (the membership period).
+TEST(Link, ARequestPostedWhileTheTargetHadPolledIsServedWhenItsMaskEnds) {
+  two_process(
+      [](Channel &ch) {  // the target
+        RcEnd b;
+        b.connect(ch);
+        ch.wait();  // the link is up
+        for (int round = 0; round < 3; ++round) {
+          std::this_thread::sleep_for(1200ms);  // the progress thread sleeps long by now
+          ibv_wc wc;
+          for (int i = 0; i < 200; ++i) ASSERT_EQ(ibv_poll_cq(b.cq(), 1, &wc), 0);
+          ch.signal();  // polled just now: the mask holds for about a millisecond
+          ch.wait();
+        }
+      },
+      [](Channel &ch) {  // the initiator
+        RcEnd a;
+        a.connect(ch);
+        ASSERT_NO_FATAL_FAILURE(bring_link_up(a));
+        ch.signal();
+        for (int round = 0; round < 3; ++round) {
+          ch.wait();
+          const auto t0 = std::chrono::steady_clock::now();
+          ASSERT_EQ(0, fetch_add(a, 10 + round, 1));
+          ibv_wc wc = a.wait_wc(5s);
+          EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+          EXPECT_LT(std::chrono::steady_clock::now() - t0, 300ms) << "round " << round;
+          ch.signal();
+        }
+      });
+}
+
 // A request in flight when its target dies fails within the timeout (the
 // death is seen, not waited out): the target stops with an atomic in its
 // lane, then is killed; the atomic and the WR behind it complete in error.

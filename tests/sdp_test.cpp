@@ -810,6 +810,84 @@ TEST(NonBlocking, MsgDontwaitWhileNegotiatingDoesNotWait) {
       within(std::chrono::seconds(30)));
 }
 
+// A blocking recv waiting for the handshake (the server's program has not used the
+// connection) is bounded as recv on TCP is: SO_RCVTIMEO ends it with EAGAIN, a signal whose
+// handler does not restart calls with EINTR; it holds no lock meanwhile (another thread's
+// poll of the socket answers at once), and the handshake goes on at the next call.
+TEST(NonBlocking, BlockingRecvWhileNegotiatingIsBoundedAsOnTcp) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch, false);       // not used yet: the handshake starts at first use
+        auto rescue = [&ch] { ch.signal(); };  // the server uses the connection then
+        char c;
+        timeval tv{0, 200000};
+        ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+        auto t0 = Clock::now();
+        {
+          Rescue r(5000ms, "recv with SO_RCVTIMEO while the server has not used the connection",
+                   rescue);
+          expect_eagain([&] { return recv(fd, &c, 1, 0); });
+        }
+        EXPECT_GE(ms_since(t0), 150);
+        EXPECT_LT(ms_since(t0), 3000);
+
+        // Another thread polls the socket while one waits in recv (1 s timeout now).
+        tv = {1, 0};
+        ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+        {
+          BlockedRecv waiting(fd, 1);
+          std::this_thread::sleep_for(100ms);  // in its wait by now
+          t0 = Clock::now();
+          pollfd p{fd, POLLIN, 0};
+          {
+            Rescue r(5000ms, "poll while another thread waits in recv for the handshake", rescue);
+            EXPECT_EQ(poll(&p, 1, 50), 0);
+          }
+          EXPECT_LT(ms_since(t0), 500) << "poll waited for the thread in recv";
+          ASSERT_TRUE(waiting.returns_within(5000ms));
+          EXPECT_EQ(waiting.result(), -1);
+          EXPECT_TRUE(waiting.error() == EAGAIN || waiting.error() == EWOULDBLOCK)
+              << strerror(waiting.error());
+          waiting.join();
+        }
+
+        // A signal without SA_RESTART ends the wait with EINTR.
+        tv = {0, 0};
+        ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+        struct sigaction sa {
+        }, old{};
+        sa.sa_handler = [](int) {};
+        sigaction(SIGUSR1, &sa, &old);
+        {
+          BlockedRecv waiting(fd, 1);
+          std::this_thread::sleep_for(200ms);
+          pthread_kill(waiting.thread().native_handle(), SIGUSR1);
+          if (!waiting.returns_within(3000ms)) {
+            ADD_FAILURE() << "recv waiting for the handshake went on after a signal";
+            rescue();
+          }
+          waiting.join();
+          EXPECT_EQ(waiting.result(), -1);
+          EXPECT_EQ(waiting.error(), EINTR) << strerror(waiting.error());
+        }
+        sigaction(SIGUSR1, &old, nullptr);
+
+        ch.signal();  // the server uses the connection now: the handshake ends, bytes flow
+        settle_client(fd);
+        expect_pattern(fd, 21, 0, 1000);
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch, false);
+        ch.wait();
+        settle_server(fd);
+        send_pattern(fd, 21, 0, 1000);
+        expect_eof(fd);
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
 TEST(NonBlocking, EventLoopFromFirstUse) {
   static constexpr size_t kLen = 300000;
   auto loop = [](int fd, uint64_t tx_seed, uint64_t rx_seed) {

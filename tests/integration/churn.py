@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import struct
+import subprocess
 import sys
 import time
 
@@ -70,6 +71,29 @@ def echo(s, msg, what):
         raise RuntimeError(f"{what}: echo differs")
 
 
+def stall_report(server):
+    """What the fabric shows of both processes' QPs and CQs while a connection stalls
+    (pcientb-stat, when the caller names it in PCIENTB_STAT), and the server's descriptors
+    with what its epoll sets watch: a CQ entry nobody polls beside an unarmed CQ, or a
+    completion channel missing from the set, says which wakeup was lost."""
+    stat = os.environ.get("PCIENTB_STAT")
+    if not stat:
+        return
+    for pid in (os.getpid(), server):
+        for obj in ("qp", "cq", "counters"):
+            p = subprocess.run([stat, obj, "--pid", str(pid)], capture_output=True, text=True,
+                               timeout=30)
+            print(f"stall: pcientb-stat {obj} --pid {pid}:\n{p.stdout}{p.stderr}", flush=True)
+    # The server's descriptors and what its epoll sets watch (tfd: descriptor, data: tag).
+    for fd in sorted(os.listdir(f"/proc/{server}/fd"), key=int):
+        try:
+            what = os.readlink(f"/proc/{server}/fd/{fd}")
+            info = open(f"/proc/{server}/fdinfo/{fd}").read() if "eventpoll" in what else ""
+        except OSError:
+            continue
+        print(f"stall: server fd {fd} -> {what}\n{info}", flush=True)
+
+
 def main():
     if len(sys.argv) != 5:
         print(__doc__)
@@ -85,6 +109,7 @@ def main():
             try:
                 echo(s, msg, f"connection {i}")
             except OSError as e:
+                stall_report(server)
                 raise RuntimeError(f"connection {i} (local port {s.getsockname()[1]}): no echo "
                                    f"within {STALL_S} s ({e})") from None
         if (i + 1) % 1000 == 0:

@@ -471,9 +471,15 @@ void Node::progress_loop() {
       }
     }
     // Peers do not ring while this node's threads poll (the fabric's mask):
-    // what they post meanwhile is looked at here when that ends.
-    if (uint64_t quiet = fab_->quiet_until_ns(); quiet > now_ns())
+    // what they post meanwhile is looked at here when that ends. A mask set
+    // after the read below wakes this thread (poll_progress): the plan is
+    // published first.
+    looks_at_ns_.store(next ? next : UINT64_MAX, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (uint64_t quiet = fab_->quiet_until_ns(); quiet > now_ns()) {
       next = next ? std::min(next, quiet) : quiet;
+      looks_at_ns_.store(next, std::memory_order_relaxed);
+    }
     timespec ts{}, *tsp = nullptr;
     if (next) {
       uint64_t now = now_ns();

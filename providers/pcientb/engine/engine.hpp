@@ -132,6 +132,13 @@ class Node {
       run_due();
     } else if (++polls_ % 64 == 0) {
       fab_->polling();
+      // The mask promises peers that this node looks at its lanes when it ends: a progress
+      // thread that planned its sleep before the mask came would sleep past it (the fence
+      // pairs with progress_loop's).
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (uint64_t quiet = fab_->quiet_until_ns();
+          quiet && looks_at_ns_.load(std::memory_order_relaxed) > quiet)
+        wake();
       if (due && due <= now_ns()) run_due();
     }
     service();
@@ -234,7 +241,9 @@ class Node {
   std::atomic<uint64_t> next_due_ns_{0};
   static inline thread_local uint32_t polls_ __attribute__((tls_model("initial-exec"))) = 0;
   uint64_t sleep_until_ns_ = 0;  // when the progress thread wakes by itself, with prog_mu_
-  std::mutex watch_mu_;          // watched_ (after prog_mu_ when both are held)
+  // When the progress thread looks at the lanes next by itself (UINT64_MAX: when rung).
+  std::atomic<uint64_t> looks_at_ns_{UINT64_MAX};
+  std::mutex watch_mu_;  // watched_ (after prog_mu_ when both are held)
   std::set<fabric::Peer *> watched_;
   std::set<Context *> contexts_;
   bool lost_ = false;
