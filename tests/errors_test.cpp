@@ -4,6 +4,7 @@
 // flushed, and memory outside what was granted is never touched.
 #include "verbs_helpers.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <span>
@@ -573,8 +574,13 @@ TEST(PeerDeath, KilledMidTransferEveryWrCompletes) {
       [&](Channel &ch) {
         RcEnd a(options);
         a.connect(ch);
-        std::jthread killer([&] {
-          std::this_thread::sleep_for(30ms);
+        // Killed once the first write has completed, with the next ones in flight: no fixed
+        // delay is mid-transfer under every tool (a 4 MiB write takes tens of ms under TSan).
+        std::atomic<bool> first_done{false};
+        std::jthread killer([&](std::stop_token stop) {
+          while (!first_done.load() && !stop.stop_requested()) std::this_thread::sleep_for(1ms);
+          if (stop.stop_requested()) return;
+          std::this_thread::sleep_for(5ms);
           ch.kill_peer();
         });
         std::vector<ibv_wc> wcs;
@@ -583,6 +589,7 @@ TEST(PeerDeath, KilledMidTransferEveryWrCompletes) {
         while (posted < kMaxWrites && !failed()) {
           if (posted - wcs.size() == kWindow) {
             wcs.push_back(a.wait_wc(20s));
+            first_done = true;
             continue;
           }
           int rc = a.post_write(posted++, 0, kSize, 0);
