@@ -1,7 +1,6 @@
 // Configuration from the environment and the switch rules (libsdp style), the decision log
 // and the stats lines.
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -129,16 +128,10 @@ void add_rules(std::vector<Rule> &rules, std::istream &in, const std::string &or
 void write_totals();  // below
 
 // The provider's fabric: the discovery names must meet the peers the provider reaches.
-// Loaded by the preload library at start, not linked: found by name, as pcientb.h says.
-// Without it no socket is offered to SDP (link_device_usable), and the name is moot.
+// Without the provider no socket is offered to SDP (link_device_usable), and the name is moot.
 std::string provider_fabric() {
-  std::string f = "default";
-  if (void *lib = dlopen("libpcientb-rdmav34.so", RTLD_NOW | RTLD_NOLOAD)) {
-    if (auto name = reinterpret_cast<const char *(*)()>(dlsym(lib, "pcientb_fabric_name")))
-      f = name();
-    dlclose(lib);  // it stays: the preload library holds it
-  }
-  return f;
+  auto name = reinterpret_cast<const char *(*)()>(provider_symbol("pcientb_fabric_name"));
+  return name ? name() : "default";
 }
 
 struct State {

@@ -180,11 +180,7 @@ Device *device() {
     dev->ctx = nullptr;
     return nullptr;
   }
-  // Loaded by libibverbs, not linked: found by name, as pcientb.h says.
-  if (void *lib = dlopen("libpcientb-rdmav34.so", RTLD_NOW | RTLD_NOLOAD)) {
-    dev->cq_pending = reinterpret_cast<int (*)(ibv_cq *)>(dlsym(lib, "pcientb_cq_pending"));
-    dlclose(lib);  // it stays: libibverbs holds it
-  }
+  dev->cq_pending = reinterpret_cast<int (*)(ibv_cq *)>(provider_symbol("pcientb_cq_pending"));
   dev->lid = pa.lid;
   dev->mtu = pa.active_mtu;
   memcpy(dev->gid, g.raw, 16);
@@ -197,6 +193,14 @@ void *map_buffer(size_t len) {
 }
 
 }  // namespace
+
+void *provider_symbol(const char *name) {
+  void *lib = dlopen("libpcientb-rdmav34.so", RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) return nullptr;
+  void *f = dlsym(lib, name);
+  dlclose(lib);  // it stays loaded: libibverbs or the preload library holds it
+  return f;
+}
 
 bool link_device_usable() {
   return device() != nullptr;

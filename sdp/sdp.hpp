@@ -37,6 +37,9 @@ struct Config {
   std::string stats_path;          // PCIENTB_SDP_STATS
 };
 const Config &config();
+// A function the provider exports (pcientb.h), or nullptr: it is loaded by libibverbs or
+// the preload library, not linked, so it is found by name.
+void *provider_symbol(const char *name);
 
 enum class Role { kServer, kClient };
 // Whether the switch rules give this connection to SDP. `reason` names the rule that
