@@ -4,7 +4,11 @@
 // flushed, and memory outside what was granted is never touched.
 #include "verbs_helpers.hpp"
 
+#include <sys/wait.h>
+
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <span>
@@ -559,6 +563,40 @@ TEST(PeerDeath, WorkPostedAfterThePeerClosedItsQpFails) {
           b.connect(ch);
         }
         ch.signal();
+      });
+}
+
+// As on an HCA, a dead target is found by the transport's retries: a WR in
+// flight when it died, and one posted after, fail once it has been tried
+// again retry_cnt times, the QP's timeout apart, not at once. A program that
+// exits right after its last receive (ibv_srq_pingpong does) thus leaves its
+// peer the time to poll what it answered before any WR it never saw fails.
+TEST(PeerDeath, WorkToADeadPeerFailsWhenTheRetriesRunOut) {
+  const RcOptions options = short_timeouts();
+  const auto retries_take =
+      std::chrono::nanoseconds((4096ull << options.params.timeout) * options.params.retry_cnt);
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a(options);
+        a.connect(ch);
+        // Stopped, the peer answers nothing: the SEND stays in flight until the kill.
+        ASSERT_EQ(0, ::kill(ch.peer_pid(), SIGSTOP));
+        int status = 0;
+        ASSERT_EQ(ch.peer_pid(), waitpid(ch.peer_pid(), &status, WUNTRACED));
+        ASSERT_EQ(0, a.post_send(1, 0, 64));
+        const auto killed = std::chrono::steady_clock::now();  // it dies before waitpid returns
+        ch.kill_peer();
+        ASSERT_EQ(0, a.post_send(2, 0, 64));
+        auto wcs = wait_wcs(a.cq(), 2);
+        EXPECT_GE(std::chrono::steady_clock::now() - killed, retries_take);
+        expect_peer_death_reported(wcs, a);
+      },
+      [&](Channel &ch) {
+        RcEnd b(options);
+        ASSERT_EQ(0, b.post_recv(1, 0, 64));
+        ASSERT_EQ(0, b.post_recv(2, 0, 64));
+        b.connect(ch);
+        ch.wait();
       });
 }
 

@@ -52,10 +52,17 @@ Result done(ibv_wc_status s, uint32_t len = 0) {
   return {Outcome::done, s, len};
 }
 
+// A dead target (or one not ready for us) answers nothing: as on an HCA,
+// the WR is tried again after the QP's timeout and fails when its retries
+// run out, so what the target answered before it died completes first.
+Result no_answer() {
+  return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0};
+}
+
 // Success once the bytes are placed, if the peer was alive when they landed:
 // data that went to a dying node is not delivered.
 Result landed(fabric::Peer &peer, uint64_t len) {
-  if (!peer.live()) return done(IBV_WC_RETRY_EXC_ERR);
+  if (!peer.live()) return no_answer();
   return done(IBV_WC_SUCCESS, static_cast<uint32_t>(len));
 }
 
@@ -179,11 +186,11 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
   fabric::Peer *peer = qp->peer;
   if (!peer) {
     peer = qp->peer = fab.peer(qp->attr.ah_attr.dlid);
-    if (!peer) return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0};
+    if (!peer) return no_answer();
     qp->peer_nonce = peer->nonce();
     qp->ctx->node->watch(peer);
   }
-  if (!peer->live()) return done(IBV_WC_RETRY_EXC_ERR);
+  if (!peer->live()) return no_answer();
   // The target's QP and MRs as it pushed them here: nothing is read from its memory.
   const Mirror *m = qp->mirror;
   if (!m) {
@@ -196,16 +203,14 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
   if (!read_qp(m->qps[dqpn & (kMaxQps - 1)], &tv) || tv.qpn != dqpn || tv.type != IBV_QPT_RC ||
       (tv.state != IBV_QPS_RTR && tv.state != IBV_QPS_RTS && tv.state != IBV_QPS_SQD) ||
       tv.dest_qpn != qp->ibv->qp_num || tv.dest_lid != fab.lid())
-    return {Outcome::no_ack, IBV_WC_RETRY_EXC_ERR, 0};
+    return no_answer();
 
   MrShared mr;
   auto remote_ok = [&](uint32_t need, uint64_t n) {
     return (tv.access & need) && mr_check(m->mrs, w.rkey, true, tv.pd, need, w.remote_addr, n, &mr);
   };
-  auto moved = [&](fabric::MoveStatus s) {
-    return s == fabric::MoveStatus::ok          ? IBV_WC_SUCCESS
-           : s == fabric::MoveStatus::peer_dead ? IBV_WC_RETRY_EXC_ERR
-                                                : IBV_WC_REM_ACCESS_ERR;
+  auto failed_move = [&](fabric::MoveStatus s) {
+    return s == fabric::MoveStatus::peer_dead ? no_answer() : done(IBV_WC_REM_ACCESS_ERR);
   };
   auto sent = [&](RecordHead *h, size_t rec_len, const Gather *after = nullptr) -> Result {
     if (!put_request(fab, *peer, *qp->link, h, rec_len, after))
@@ -220,7 +225,7 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
       for (uint32_t i = 0; i < src.n; ++i) {
         auto s = fab.read(*peer, mr.window, va_of(mr, w.remote_addr + off),
                           const_cast<uint8_t *>(src.ptr[i]), src.len[i]);
-        if (s != fabric::MoveStatus::ok) return done(moved(s));
+        if (s != fabric::MoveStatus::ok) return failed_move(s);
         off += src.len[i];
       }
       return landed(*peer, len);
@@ -232,7 +237,7 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
       for (uint32_t i = 0; i < src.n; ++i) {
         auto s =
             fab.write(*peer, mr.window, va_of(mr, w.remote_addr + off), src.ptr[i], src.len[i]);
-        if (s != fabric::MoveStatus::ok) return done(moved(s));
+        if (s != fabric::MoveStatus::ok) return failed_move(s);
         off += src.len[i];
       }
       return landed(*peer, len);
@@ -370,7 +375,26 @@ void own_inline(SendWqe &k) {
 // WR executed here completes at once unless WRs sent before it still wait
 // for their answers; then it waits behind them, done (Qp::sent).
 enum class Settled { ok, failed, waits, sent };
-Settled settle(Qp *qp, SendWqe &w, const Result &r) {
+Settled settle(Qp *qp, SendWqe &w, Result r) {
+  if (r.outcome == Outcome::busy) {
+    // The link comes up within a doorbell and a push; a peer that never
+    // answers fails the WR as an unanswered one would (a datagram is lost).
+    uint64_t now = now_ns();
+    if (!w.link_deadline_ns) w.link_deadline_ns = now + answer_wait_ns(qp);
+    if (now <= w.link_deadline_ns) {
+      w.not_before_ns = now + kLinkRetryNs;
+      return Settled::waits;
+    }
+    r = done(r.status);
+  } else if (r.outcome == Outcome::no_ack) {
+    if (w.retry_left != 0) {
+      qp->stats->transport_retries.add(1);
+      if (w.retry_left > 0) --w.retry_left;
+      w.not_before_ns = now_ns() + transport_timeout_ns(qp->attr.timeout);
+      return Settled::waits;
+    }
+    r = done(r.status);
+  }
   if (r.outcome == Outcome::done) {
     if (!qp->sent.empty()) {
       // Waits for the answers before it; failed, it stops the WRs after it
@@ -385,35 +409,13 @@ Settled settle(Qp *qp, SendWqe &w, const Result &r) {
     complete(qp, w, r.status, r.byte_len);
     return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
   }
-  if (r.outcome == Outcome::sent) {
-    own_inline(w);
-    w.done = false;
-    // A second or more away: the coarse clock (a few ms behind) is close enough.
-    w.deadline_ns = coarse_now_ns() + answer_wait_ns(qp);
-    qp->sent.push_back(std::move(w));
-    ++qp->unanswered;
-    return Settled::sent;
-  }
-  if (r.outcome == Outcome::busy) {
-    // The link comes up within a doorbell and a push; a peer that never
-    // answers fails the WR as an unanswered one would (a datagram is lost).
-    uint64_t now = now_ns();
-    if (!w.link_deadline_ns) w.link_deadline_ns = now + answer_wait_ns(qp);
-    if (now > w.link_deadline_ns) {
-      complete(qp, w, r.status, 0);
-      return r.status == IBV_WC_SUCCESS ? Settled::ok : Settled::failed;
-    }
-    w.not_before_ns = now + kLinkRetryNs;
-    return Settled::waits;
-  }
-  if (w.retry_left == 0) {
-    complete(qp, w, r.status, 0);
-    return Settled::failed;
-  }
-  qp->stats->transport_retries.add(1);
-  if (w.retry_left > 0) --w.retry_left;
-  w.not_before_ns = now_ns() + transport_timeout_ns(qp->attr.timeout);
-  return Settled::waits;
+  own_inline(w);
+  w.done = false;
+  // A second or more away: the coarse clock (a few ms behind) is close enough.
+  w.deadline_ns = coarse_now_ns() + answer_wait_ns(qp);
+  qp->sent.push_back(std::move(w));
+  ++qp->unanswered;
+  return Settled::sent;
 }
 
 void keep(Qp *qp, SendWqe &&w) {
@@ -552,6 +554,36 @@ int post_wqes(Qp *qp, SendWqe *wqes, size_t n) {
 namespace {
 uint64_t run_backlog(Qp *qp, uint64_t next);
 uint64_t answer_locked(Qp *qp, const AnswerRecord &a);
+
+// Go-back: sent[k] and every WR after it return to the backlog's front, in
+// order, to be sent again with the same PSNs from not_before_ns on (the
+// target drops the connection's later requests until sent[k] comes again).
+// With sq_mu held.
+void go_back(Qp *qp, size_t k, uint64_t not_before_ns) {
+  WqeQueue &sent = qp->sent;
+  sent[k].not_before_ns = not_before_ns;
+  qp->halted = false;        // a WR that failed here goes back too: it fails again in its turn
+  while (sent.size() > k) {  // from the back: pushed to the front, they keep their order
+    SendWqe &x = sent.back();
+    if (!x.done) --qp->unanswered;
+    x.done = false;
+    x.link_deadline_ns = 0;
+    qp->backlog.push_front(std::move(x));
+    sent.pop_back();
+  }
+}
+
+// No answer will come for sent[k] (its target QP is not ready for us, or its
+// node died): as an HCA whose timeout expired, it goes back to be sent again
+// after the QP's timeout, unless its retries are spent (false: it fails).
+bool retry_unanswered(Qp *qp, size_t k) {
+  SendWqe &w = qp->sent[k];
+  if (w.retry_left == 0) return false;
+  qp->stats->transport_retries.add(1);
+  if (w.retry_left > 0) --w.retry_left;
+  go_back(qp, k, now_ns() + transport_timeout_ns(qp->attr.timeout));
+  return true;
+}
 }  // namespace
 
 uint64_t progress_qp(Qp *qp) {
@@ -571,8 +603,10 @@ uint64_t progress_qp(Qp *qp) {
     gone = false;
     next = now + kAnswersFirstNs;
   }
-  for (SendWqe &w : qp->sent) {
+  for (size_t k = 0; k < qp->sent.size(); ++k) {
+    SendWqe &w = qp->sent[k];
     if (w.done) continue;
+    if (gone && retry_unanswered(qp, k)) break;  // it and the WRs after it went back
     if (gone || now >= w.deadline_ns) {
       w.done = true;
       w.status = IBV_WC_RETRY_EXC_ERR;
@@ -635,23 +669,13 @@ uint64_t answer_locked(Qp *qp, const AnswerRecord &a) {
   if (k == sent.size()) return 0;  // flushed, or not ours
   SendWqe &w = sent[k];
   if (a.status == kAnswerRnr && w.rnr_left != 0) {
-    // Receiver not ready: the target drops the QP's requests until this one
-    // comes again, so it and every WR after it go back to the backlog's
-    // front, in order, and are sent again after the timer.
+    // Receiver not ready: sent again after the timer the target named.
     qp->stats->rnr_retries.add(1);
     if (w.rnr_left > 0) --w.rnr_left;
-    w.not_before_ns = now_ns() + uint64_t{kRnrTimerUs[a.value & 31]} * 1000;
-    qp->halted = false;        // a WR that failed here goes back too: it fails again in its turn
-    while (sent.size() > k) {  // from the back: pushed to the front, they keep their order
-      SendWqe &x = sent.back();
-      if (!x.done) --qp->unanswered;
-      x.done = false;
-      x.link_deadline_ns = 0;
-      qp->backlog.push_front(std::move(x));
-      sent.pop_back();
-    }
+    go_back(qp, k, now_ns() + uint64_t{kRnrTimerUs[a.value & 31]} * 1000);
     return 1;
   }
+  if (a.status == kAnswerRetry && retry_unanswered(qp, k)) return 1;
   w.done = true;
   w.byte_len = 0;
   --qp->unanswered;
@@ -683,7 +707,7 @@ uint64_t answer_locked(Qp *qp, const AnswerRecord &a) {
       }
     }
   } else if (a.status == kAnswerRetry || a.status >= kWcStatuses) {
-    // The target QP was not there or not ready: as a request nobody answers.
+    // The target QP was not there or not ready, and the retries are spent.
     w.status = IBV_WC_RETRY_EXC_ERR;
   } else {
     w.status = static_cast<ibv_wc_status>(a.status);
