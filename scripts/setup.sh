@@ -27,7 +27,7 @@ PACKAGES=(
   iperf3 sockperf curl netcat-openbsd redis-server redis-tools
   nginx memcached libmemcached-tools apache2-utils
   googletest libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format clang-tidy shellcheck
+  clang-format clang-tidy shellcheck clang libclang-rt-14-dev
   dpkg-dev file fakeroot
   libcli11-dev libfmt-dev groff-base
 )

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # scripts/test.sh: build and run every test, in the default and the ASan builds, and the
-# verbs and verbs-tool tests again in strict mode (PCIENTB_NTB_STRICT=1, the default build).
+# verbs and verbs-tool tests again in strict mode (PCIENTB_NTB_STRICT=1, the default build),
+# then the libFuzzer target (clang, ASan + UBSan) for PCIENTB_FUZZ_SECONDS (60).
 #
-#   scripts/test.sh               presets "default" (build/), "strict" (build/) and "asan" (build-asan/)
+#   scripts/test.sh               presets "default" (build/), "strict" (build/), "asan" (build-asan/)
+#                                 and "fuzz" (build-fuzz/)
 #   scripts/test.sh tsan          any presets of CMakePresets.json
 #
 # Installs missing dependencies first (scripts/setup.sh --deps-only). Ends with
@@ -24,7 +26,7 @@ if ! scripts/setup.sh --check-deps >/dev/null 2>&1; then
 fi
 
 presets=("$@")
-[[ ${#presets[@]} -gt 0 ]] || presets=(default strict asan)
+[[ ${#presets[@]} -gt 0 ]] || presets=(default strict asan fuzz)
 time_limit="${PCIENTB_TEST_TIME_LIMIT:-900}"
 jobs="${PCIENTB_TEST_JOBS:-2}"
 

@@ -49,11 +49,11 @@ struct Fabric {
 
 std::vector<Fabric> collect(const Options &o, std::string *err) {
   std::vector<std::string> names =
-      o.fabrics.empty() ? pcientb::fabric::emu_fabric_names() : o.fabrics;
+      o.fabrics.empty() ? pcientb::fabric::backend().fabric_names() : o.fabrics;
   std::vector<Fabric> out;
   for (const std::string &name : names) {
     int e = 0;
-    auto view = pcientb::fabric::view_emu_fabric(name.c_str(), pcientb::engine::kAreaLayout, &e);
+    auto view = pcientb::fabric::backend().view(name.c_str(), pcientb::engine::kAreaLayout, &e);
     if (!view) {
       // A named fabric must exist; one listed a moment ago may have gone.
       if (!o.fabrics.empty())

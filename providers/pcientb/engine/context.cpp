@@ -83,7 +83,7 @@ std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
   if (auto n = nodes[fabric_name].lock(); n && n->pid_ == getpid()) return n;
   std::shared_ptr<Node> n(new Node());
   n->pid_ = getpid();
-  n->fab_ = fabric::open_emu_fabric(fabric_name, kAreaLayout, err);
+  n->fab_ = fabric::backend().open(fabric_name, kAreaLayout, err);
   if (!n->fab_) return nullptr;
   n->root_ = static_cast<AreaRoot *>(n->fab_->area());
   n->root_->magic = kAreaMagic;

@@ -160,20 +160,36 @@ class FabricView {
   virtual const std::vector<NodeView> &nodes() const = 0;
 };
 
-// The emulated fabric named `name`, this process joining it as a node.
-// `layout` fingerprints the format of what peers read in a node's area (the
-// engine's); every node of a fabric must have the same, or they would misread
-// each other's memory: a join while nodes of another build live fails with
-// EPROTO (and says so on stderr). Returns nullptr and sets *err (an errno
-// value) on failure.
-std::unique_ptr<Fabric> open_emu_fabric(const char *name, uint32_t layout, int *err);
-// The node GUID the emulated fabric gives this process, known before it joins.
-uint64_t emu_node_guid();
-// The names of this user's emulated fabrics (those with a table), sorted.
-std::vector<std::string> emu_fabric_names();
-// A view of the emulated fabric `name`; nullptr and *err (ENOENT: no such
-// fabric) on failure.
-// EPROTO: its nodes are of a build whose `layout` (see open_emu_fabric) differs.
-std::unique_ptr<FabricView> view_emu_fabric(const char *name, uint32_t layout, int *err);
+// ---- backends: which one a process uses is decided in one place ----------------
+
+// A backend: how a process joins a fabric as a node, and how tools see fabrics.
+struct Backend {
+  const char *name;
+  // The fabric `name`, this process joining it as a node. `layout`
+  // fingerprints the format of what peers read in a node's area (the
+  // engine's); every node of a fabric must have the same, or they would
+  // misread each other's memory: a join while nodes of another build live
+  // fails with EPROTO (and says so on stderr). nullptr and *err (an errno
+  // value) on failure.
+  std::unique_ptr<Fabric> (*open)(const char *name, uint32_t layout, int *err);
+  // The node GUID this process gets, known before it joins.
+  uint64_t (*node_guid)();
+  // The names of this user's fabrics, sorted.
+  std::vector<std::string> (*fabric_names)();
+  // A view of the fabric `name`; nullptr and *err (ENOENT: no such fabric;
+  // EPROTO: its nodes' `layout` differs) on failure.
+  std::unique_ptr<FabricView> (*view)(const char *name, uint32_t layout, int *err);
+};
+
+// The emulated fabric (fabric/emu): processes of one machine.
+const Backend &emu_backend();
+
+// The backend of this process: the one installed, else the emulated one.
+// (The kernel backend over pcientb.ko is to be chosen here when its device
+// is present.)
+const Backend &backend();
+// Installs a backend before the process first opens a fabric (tests install
+// an in-process fake). The backend must outlive every node.
+void install_backend(const Backend &b);
 
 }  // namespace pcientb::fabric

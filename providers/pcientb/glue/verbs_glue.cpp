@@ -528,7 +528,7 @@ PCIENTB_EXPORT int pcientb_cq_pending(ibv_cq *cq) {
 }
 
 PCIENTB_EXPORT __be64 pcientb_device_guid(ibv_device *) {
-  return htobe64(pcientb::fabric::emu_node_guid());
+  return htobe64(pcientb::fabric::backend().node_guid());
 }
 
 PCIENTB_EXPORT int pcientb_device_index(ibv_device *) {

@@ -55,6 +55,12 @@
 namespace pcientb::fabric {
 namespace {
 
+uint64_t emu_node_guid() {
+  // Vendor 0x10b5 (PLX/Broadcom), part 0x8749, then the process: unique per node.
+  return (uint64_t{0x0010b5} << 40) | (uint64_t{0x8749} << 24) |
+         (static_cast<uint64_t>(getpid()) & 0xffffff);
+}
+
 constexpr uint64_t kTableMagic = 0x70636e7462746231ULL;  // "pcntbtb1"
 constexpr uint64_t kSegMagic = 0x70636e7462736731ULL;    // "pcntbsg1"
 constexpr uint32_t kMaxNodes = 1024;
@@ -456,7 +462,7 @@ struct Region {
 
 class EmuPeer final : public Peer {
  public:
-  EmuPeer(EmuFabric *fab, uint16_t lid) : fab_(fab) { lid_ = lid; }
+  explicit EmuPeer(uint16_t lid) { lid_ = lid; }
   ~EmuPeer() override;
 
   int attach(const NodeSlot &slot);
@@ -485,7 +491,6 @@ class EmuPeer final : public Peer {
   };
   const Mapping *chunk_mapping(uint32_t idx, uint32_t gen);
 
-  EmuFabric *fab_;
   std::mutex mu_;
   std::unique_ptr<std::atomic<const Mapping *>[]> cache_;
   std::vector<std::unique_ptr<Mapping>> mappings_;  // kept mapped until the peer goes
@@ -853,7 +858,7 @@ Peer *EmuFabric::peer(uint16_t lid) {
       return slot_peer.get();
     retired_.push_back(std::move(slot_peer));
   }
-  auto p = std::make_unique<EmuPeer>(this, lid);
+  auto p = std::make_unique<EmuPeer>(lid);
   if (lid == lid_) {
     p->attach_self(hdr_, nonce_);
   } else {
@@ -1248,16 +1253,6 @@ void EmuFabric::doorbell(Peer &pp, bool maskable) {
   }
 }
 
-}  // namespace
-
-uint64_t emu_node_guid() {
-  // Vendor 0x10b5 (PLX/Broadcom), part 0x8749, then the process: unique per node.
-  return (uint64_t{0x0010b5} << 40) | (uint64_t{0x8749} << 24) |
-         (static_cast<uint64_t>(getpid()) & 0xffffff);
-}
-
-namespace {
-
 class EmuFabricView : public FabricView {
  public:
   ~EmuFabricView() override {
@@ -1330,8 +1325,6 @@ NodeView EmuFabricView::view(const NodeSlot &slot, uint16_t lid) {
   return v;
 }
 
-}  // namespace
-
 std::vector<std::string> emu_fabric_names() {
   std::vector<std::string> names;
   DIR *d = opendir("/dev/shm");
@@ -1362,6 +1355,14 @@ std::unique_ptr<Fabric> open_emu_fabric(const char *name, uint32_t layout, int *
     return nullptr;
   }
   return f;
+}
+
+}  // namespace
+
+const Backend &emu_backend() {
+  static const Backend b{"emulated", open_emu_fabric, emu_node_guid, emu_fabric_names,
+                         view_emu_fabric};
+  return b;
 }
 
 }  // namespace pcientb::fabric
