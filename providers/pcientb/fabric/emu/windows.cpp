@@ -1,0 +1,339 @@
+// The emulated NTB fabric: registration, and memory at fork.
+//
+// - A window (registered memory) is made of memfd chunks: registration moves
+//   the pages of the range, contents kept, onto a memfd mapped at the same
+//   address, so a peer maps the same pages and moves bytes with plain loads
+//   and stores, as through an NT window. Memory that cannot be moved (shared
+//   file mappings, read-only) is reached with process_vm_readv/writev.
+// - Moving costs a page allocation and a copy per page, so a chunk outlives
+//   its last registration (the registration cache): registering the same
+//   memory again reuses it once /proc/self/pagemap shows the pages are still
+//   the shared ones moved there. Unreferenced chunks are bounded by
+//   $PCIENTB_MR_CACHE bytes (default 256 MiB; 0 disables the cache).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+
+#include "fabric/emu/emu.hpp"
+#include "fabric/emu/kernel_vm.hpp"
+#include "fabric/emu/move_guard.hpp"
+
+namespace pcientb::fabric::emu {
+
+// The memfd name of this process's moved memory: its peers' windows, which
+// it maps too, carry their owners' pids.
+void own_chunk_name(char *out, size_t n, pid_t pid) {
+  snprintf(out, n, "pcientb-mr-%d", pid);
+}
+
+namespace {
+
+// Whether every page of [a, b) may move onto a memfd: private anonymous
+// read-write memory, or our own earlier chunks.
+bool remappable(uint64_t a, uint64_t b) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  char line[512];
+  uint64_t covered = a;
+  bool ok = true;
+  while (ok && covered < b && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8] = {};
+    int path_at = 0;
+    if (sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &lo, &hi, perms, &path_at) < 3) continue;
+    if (hi <= covered || lo >= b) continue;
+    if (lo > covered) ok = false;  // a hole
+    const char *path = line + path_at;
+    bool anon = *path == '\n' || *path == '\0' || *path == '[';
+    char mine[64] = "/memfd:";
+    own_chunk_name(mine + 7, sizeof mine - 7, getpid());
+    bool ours = strncmp(path, mine, strlen(mine)) == 0 && path[strlen(mine)] == ' ';
+    bool rw = perms[0] == 'r' && perms[1] == 'w';
+    if (!rw || !((anon && perms[3] == 'p') || (ours && perms[3] == 's'))) ok = false;
+    if (!strncmp(path, "[vsyscall]", 10) || !strncmp(path, "[vvar]", 6)) ok = false;
+    covered = hi;
+  }
+  fclose(f);
+  return ok && covered >= b;
+}
+
+// Registration moves memory onto shared memfd pages. A forked child must
+// still get its own copy of that memory, taken at fork time as for any
+// private memory: the parent copies its moved ranges just before fork(), the
+// child puts the copies in place, the parent drops them. Ranges marked
+// MADV_DONTFORK (ibv_fork_init) are left out: the child gets no mapping there,
+// as with an HCA. Raw system calls and static storage only, as in any fork
+// handler of a threaded process.
+struct ForkCopy {
+  uintptr_t at;
+  size_t len;
+  void *copy;
+};
+ForkCopy fork_copies[4096];
+size_t n_fork_copies = 0;
+
+void fork_copy(uintptr_t lo, uintptr_t hi) {
+  if (n_fork_copies == std::size(fork_copies)) return;
+  size_t len = hi - lo;
+  void *copy =
+      kernel::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) return;
+  struct iovec to {
+    copy, len
+  }, from{reinterpret_cast<void *>(lo), len};
+  if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len))
+    fork_copies[n_fork_copies++] = ForkCopy{lo, len, copy};
+  else
+    kernel::munmap(copy, len);
+}
+
+}  // namespace
+
+void fork_prepare() {
+  n_fork_copies = 0;
+  char mine[64] = "/memfd:";
+  own_chunk_name(mine + 7, sizeof mine - 7, getpid());
+  size_t mine_len = strlen(mine);
+  // smaps: a header line per mapping, then its fields, "VmFlags:" last.
+  int fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  static char buf[1 << 16];
+  size_t have = 0;
+  unsigned long lo = 0, hi = 0;  // the moved range whose flags come next, if any
+  for (;;) {
+    ssize_t n = ::read(fd, buf + have, sizeof buf - 1 - have);
+    if (n <= 0) break;
+    have += static_cast<size_t>(n);
+    buf[have] = 0;
+    char *line = buf;
+    char *nl;
+    while ((nl = strchr(line, '\n'))) {
+      *nl = 0;
+      if (!strncmp(line, "VmFlags:", 8)) {
+        if (hi > lo && !strstr(line, " dc")) fork_copy(lo, hi);
+        lo = hi = 0;
+      } else if (const char *path = strchr(line, '/');
+                 path && !strncmp(path, mine, mine_len) && path[mine_len] == ' ') {
+        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2) lo = hi = 0;
+      }
+      line = nl + 1;
+    }
+    have = strlen(line);
+    memmove(buf, line, have);
+  }
+  close(fd);
+}
+
+void fork_parent() {
+  for (size_t i = 0; i < n_fork_copies; ++i)
+    kernel::munmap(fork_copies[i].copy, fork_copies[i].len);
+  n_fork_copies = 0;
+}
+
+void fork_child() {
+  for (size_t i = 0; i < n_fork_copies; ++i) {
+    const ForkCopy &c = fork_copies[i];
+    kernel::mremap_fixed(c.copy, c.len, reinterpret_cast<void *>(c.at));
+  }
+  n_fork_copies = 0;
+}
+
+// ---- registration --------------------------------------------------------
+
+int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
+  if (next_chunk_ >= kMaxChunks) {
+    // Reuse a free entry; generations tell old mappings apart.
+    uint32_t i = 1;
+    while (i < kMaxChunks && hdr_->chunks[i].fd > 0) ++i;
+    if (i == kMaxChunks) return ENOMEM;
+    *idx = i;
+  } else {
+    *idx = next_chunk_++;
+  }
+  char name[32];
+  own_chunk_name(name, sizeof name, getpid());
+  int fd = static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
+  if (fd < 0) return errno;
+  if (ftruncate(fd, static_cast<off_t>(len))) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  void *tmp = kernel::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (tmp == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    return e;
+  }
+  // Copy, then atomically replace the private pages at va with the shared
+  // copy; other threads' stores in between wait (move_guard.hpp).
+  const int moved = emu::guarded_move(va, len, [&]() -> int {
+    // Whole pages, beyond the caller's buffer: a kernel copy, which
+    // sanitizers do not take for an overflow of the buffer.
+    struct iovec to {
+      tmp, len
+    }, from{reinterpret_cast<void *>(va), len};
+    if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) != static_cast<ssize_t>(len))
+      return errno ? errno : EFAULT;
+    if (kernel::mremap_fixed(tmp, len, reinterpret_cast<void *>(va)) == MAP_FAILED) return errno;
+    return 0;
+  });
+  if (moved != 0) {
+    kernel::munmap(tmp, len);
+    close(fd);
+    return moved;
+  }
+  ChunkEntry &c = hdr_->chunks[*idx];
+  c.fd = fd;
+  c.ino = fd_ino(fd);
+  c.size = len;
+  c.gen.fetch_add(1, std::memory_order_release);
+  return 0;
+}
+
+int EmuFabric::expose(void *addr, size_t len, WindowId *out) {
+  std::lock_guard<std::mutex> g(reg_mu_);
+  uint32_t wi = 0;
+  for (uint32_t n = 0; n < kMaxWindows - 1; ++n) {
+    uint32_t i = 1 + (next_window_ - 1 + n) % (kMaxWindows - 1);
+    if (!(hdr_->windows[i].gen.load(std::memory_order_relaxed) & 0x80000000u)) {
+      wi = i;
+      break;
+    }
+  }
+  if (!wi) return ENOMEM;
+  next_window_ = wi + 1;
+  WindowEntry &w = hdr_->windows[wi];
+  uint64_t a = reinterpret_cast<uint64_t>(addr) & ~(kPage - 1);
+  uint64_t b = (reinterpret_cast<uint64_t>(addr) + len + kPage - 1) & ~(kPage - 1);
+
+  // Walk [a, b): reuse moved regions whose pages are still there, move the
+  // gaps. Only a gap needs the (slow) look at /proc/self/maps.
+  std::vector<Extent> ext;
+  std::vector<uint64_t> taken;
+  bool mapped = len > 0;
+  uint64_t at = a;
+  while (at < b && mapped) {
+    auto it = regions_.upper_bound(at);
+    if (it != regions_.begin() && std::prev(it)->first + std::prev(it)->second.len > at) --it;
+    if (it != regions_.end() && it->first <= at) {
+      Region &r = it->second;
+      uint64_t end = std::min(b, it->first + r.len);
+      if (!still_moved(at, end)) {
+        // Unmapped and mapped anew since it was moved: a cached region is
+        // stale; one that a registration still uses stays for it (the
+        // new registration gets a copy window).
+        if (r.refs == 0) {
+          drop_region(it);
+          continue;
+        }
+        mapped = false;
+        break;
+      }
+      if (r.refs++ == 0) cached_bytes_ -= r.len;
+      taken.push_back(it->first);
+      ext.push_back({at, end - at, at - it->first, r.chunk, hdr_->chunks[r.chunk].gen.load()});
+      at = end;
+      continue;
+    }
+    uint64_t next = it != regions_.end() ? std::min(b, it->first) : b;
+    uint32_t ci;
+    if (!remappable(at, next) || new_chunk(at, next - at, &ci) != 0) {
+      mapped = false;
+      break;
+    }
+    regions_[at] = Region{next - at, ci, 1, 0};
+    taken.push_back(at);
+    ext.push_back({at, next - at, 0, ci, hdr_->chunks[ci].gen.load()});
+    at = next;
+  }
+  if (ext.size() > kMaxExtents) mapped = false;
+  if (!mapped) {
+    for (uint64_t r : taken) put_region(r);
+    ext.clear();
+  }
+  uint32_t gen = w.gen.load(std::memory_order_relaxed);
+  uint32_t next_gen = ((gen + 1) & 0x7fffffffu) | 0x80000000u;
+  w.mode = mapped ? kMapped : kCopy;
+  w.n_extents = static_cast<uint32_t>(ext.size());
+  std::copy(ext.begin(), ext.end(), w.ext);
+  w.gen.store(next_gen, std::memory_order_release);
+  *out = WindowId{wi, next_gen};
+  return 0;
+}
+
+void EmuFabric::put_region(uint64_t va) {
+  auto it = regions_.find(va);
+  if (it == regions_.end() || --it->second.refs) return;
+  // The pages stay mapped here: they are the application's memory. The chunk
+  // stays too, for the next registration of the same memory.
+  it->second.last_used = ++use_clock_;
+  cached_bytes_ += it->second.len;
+  trim_cache();
+}
+
+void EmuFabric::drop_region(std::map<uint64_t, Region>::iterator it) {
+  if (it->second.refs == 0) cached_bytes_ -= it->second.len;
+  ChunkEntry &c = hdr_->chunks[it->second.chunk];
+  c.gen.fetch_add(1, std::memory_order_release);
+  close(c.fd);
+  c.fd = 0;
+  regions_.erase(it);
+}
+
+void EmuFabric::trim_cache() {
+  while (cached_bytes_ > cache_limit_) {
+    auto oldest = regions_.end();
+    for (auto it = regions_.begin(); it != regions_.end(); ++it)
+      if (it->second.refs == 0 &&
+          (oldest == regions_.end() || it->second.last_used < oldest->second.last_used))
+        oldest = it;
+    if (oldest == regions_.end()) return;
+    drop_region(oldest);
+  }
+}
+
+// Whether every page of [a, b) is present and shared: still the chunk's pages
+// a registration moved there, not private memory mapped anew. pagemap gives
+// these flags to unprivileged processes (frame numbers only to the admin).
+bool EmuFabric::still_moved(uint64_t a, uint64_t b) {
+  constexpr uint64_t kPresent = uint64_t{1} << 63, kShared = uint64_t{1} << 61;
+  if (pagemap_pid_ != getpid()) {  // /proc/self at open time: reopen in a child
+    if (pagemap_fd_ >= 0) close(pagemap_fd_);
+    pagemap_fd_ = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    pagemap_pid_ = getpid();
+  }
+  if (pagemap_fd_ < 0) return false;
+  uint64_t entries[512];
+  for (uint64_t page = a / kPage; page < b / kPage;) {
+    size_t n = std::min<uint64_t>(std::size(entries), b / kPage - page);
+    ssize_t got = pread(pagemap_fd_, entries, n * 8, static_cast<off_t>(page * 8));
+    if (got != static_cast<ssize_t>(n * 8)) return false;
+    for (size_t i = 0; i < n; ++i)
+      if ((entries[i] & (kPresent | kShared)) != (kPresent | kShared)) return false;
+    page += n;
+  }
+  return true;
+}
+
+void EmuFabric::unexpose(WindowId id) {
+  if (id.index == 0 || id.index >= kMaxWindows) return;
+  std::lock_guard<std::mutex> g(reg_mu_);
+  WindowEntry &w = hdr_->windows[id.index];
+  if (w.gen.load(std::memory_order_relaxed) != id.gen) return;
+  w.gen.store((id.gen + 1) & 0x7fffffffu, std::memory_order_release);
+  if (w.mode == kMapped)
+    for (uint32_t i = 0; i < w.n_extents; ++i) put_region(w.ext[i].va - w.ext[i].chunk_off);
+  w.n_extents = 0;
+}
+
+}  // namespace pcientb::fabric::emu
