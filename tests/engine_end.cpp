@@ -141,6 +141,11 @@ std::vector<ibv_wc> EngineEnd::poll(size_t n, int ms) {
   }
 }
 
+void EngineEnd::deregister() {
+  if (mr_) eng::dereg_mr(mr_);
+  mr_ = nullptr;
+}
+
 ibv_qp_state EngineEnd::state() {
   return qp_->state();
 }

@@ -42,6 +42,8 @@ class EngineEnd {
   // Completions polled so far, then up to `n` more within `ms` (0: what is there).
   std::vector<ibv_wc> poll(size_t n, int ms = 0);
   ibv_qp_state state();
+  // Deregisters the buffer (verbs on it fail from then on).
+  void deregister();
   // Whether the guard bytes around the registered buffer are untouched.
   bool guards_intact() const;
 

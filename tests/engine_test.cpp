@@ -111,6 +111,36 @@ TEST_F(EngineOnFake, TheRequestLaneWrapsWithPadRecordsAndKeepsEveryMessageInOrde
   EXPECT_TRUE(b->guards_intact());
 }
 
+// A requester whose window goes (or who dies) while the target pulls the
+// bytes of its SEND leaves a torn message. As on an HCA, whose responder
+// waits for the rest of it, the target completes nothing and its QP goes on;
+// the receive stays taken until the QP fails, when it completes flushed. The
+// requester, which lives, fails with a local protection error.
+TEST_F(EngineOnFake, ATornMessageLeavesTheTargetQpAsItWasUntilItFails) {
+  connect_pair();
+  ASSERT_EQ(0, b->post_recv(6, 0, 64));  // a first message: the link is up
+  ASSERT_EQ(0, a->post_send(0, IBV_WR_SEND, 0, 64));
+  ASSERT_EQ(one(*a).status, IBV_WC_SUCCESS);
+  ASSERT_EQ(one(*b).status, IBV_WC_SUCCESS);
+  fake::deafen(b->lid(), true);  // b serves the SEND when it polls, after the window went
+  ASSERT_EQ(0, b->post_recv(7, 0, 65536));
+  ASSERT_EQ(0, a->post_send(1, IBV_WR_SEND, 0, 65536));  // pulled: larger than a record
+  a->deregister();
+  EXPECT_TRUE(b->poll(1, 100).empty()) << "the target completed a torn message";
+  EXPECT_EQ(b->state(), IBV_QPS_RTS);
+  ibv_wc wc = one(*a);
+  EXPECT_EQ(wc.wr_id, 1u);
+  EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR);
+  fake::deafen(b->lid(), false);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(0, engine::modify_qp(b->qp(), &attr, IBV_QP_STATE));
+  wc = one(*b);
+  EXPECT_EQ(wc.wr_id, 7u);
+  EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_TRUE(b->poll(1, 50).empty());
+}
+
 // The QP state rules: transitions an HCA refuses leave the QP as it was.
 TEST_F(EngineOnFake, RefusedTransitionsLeaveTheQpAsItWas) {
   a = std::make_unique<EngineEnd>("engine_rules", 4096);

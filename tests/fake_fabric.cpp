@@ -50,6 +50,7 @@ struct NodeState {
   std::atomic<uint32_t> life{1};  // 0: dead
   int bell = -1;                  // eventfd: the node doorbell
   std::atomic<uint64_t> quiet_until{0};
+  std::atomic<bool> deaf{false};
   std::mutex windows_mu;
   std::vector<Window> windows{1};  // index 0 is never a window
 };
@@ -147,6 +148,7 @@ class FakeFabric final : public Fabric {
   int post(Peer &pp, size_t off, const void *src, size_t len) override {
     auto &p = static_cast<FakePeer &>(pp);
     if (off > kArea || len > kArea - off) return EFAULT;
+    if (!p.live()) return 0;  // lost, as a posted write to a node that is gone
     add(&fabric::Work::posts, 1);
     add(&fabric::Work::post_bytes, len);
     uint8_t *dst = p.node->area + off;
@@ -175,6 +177,7 @@ class FakeFabric final : public Fabric {
     auto &p = static_cast<FakePeer &>(pp);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (maskable && p.node->quiet_until.load(std::memory_order_relaxed) > mono_ns()) return;
+    if (p.node->deaf.load()) return;
     add(&fabric::Work::doorbells, 1);
     bump(p.node->bell);
   }
@@ -279,6 +282,12 @@ void *area(uint16_t lid) {
   Hub &h = hub();
   std::lock_guard<std::mutex> g(h.mu);
   return lid && lid <= kMaxLids && h.nodes[lid] ? h.nodes[lid]->area : nullptr;
+}
+
+void deafen(uint16_t lid, bool deaf) {
+  Hub &h = hub();
+  std::lock_guard<std::mutex> g(h.mu);
+  if (lid && lid <= kMaxLids && h.nodes[lid]) h.nodes[lid]->deaf.store(deaf);
 }
 
 void kill(uint16_t lid) {

@@ -21,6 +21,10 @@ void install();
 // The area of the node with that LID, as the node itself sees it.
 void *area(uint16_t lid);
 
+// Doorbells rung for the node with that LID are dropped while `deaf`: its
+// progress thread leaves what peers post to the node's own polls.
+void deafen(uint16_t lid, bool deaf);
+
 // The node with that LID dies: its peers see it dead (Peer::live, death_fd)
 // and its area takes no more posts.
 void kill(uint16_t lid);

@@ -262,6 +262,12 @@ struct QpShared {
   Off rcq;  // CqShared of the receive CQ
   Doorbell async;
   uint64_t handle;  // the owner's struct ibv_qp *
+  // The receive of a message whose requester died (or whose window went)
+  // while its bytes were pulled: it stays taken, as the receive in progress
+  // of an HCA's responder, until the QP fails (it completes flushed then).
+  uint64_t torn_wr_id;
+  std::atomic<uint32_t> torn;
+  uint32_t pad2;
 };
 
 // --- links: what a node learns of a peer's tables without reading them -------

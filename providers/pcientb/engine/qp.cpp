@@ -239,6 +239,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
       qp->sq_posted = 0;
       node.reset_sq(qp->idx);
       if (qp->rq) rq_reset(qp->rq);
+      qp->sh->torn.store(0, std::memory_order_relaxed);
       qp->errored = false;
       qp->halted = false;
       qp->resume.store(0, std::memory_order_relaxed);

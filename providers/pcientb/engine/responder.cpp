@@ -94,16 +94,18 @@ bool rq_take(Node &node, RqShared *rq, RecvCopy *out) {
 void rq_flush(Node &node, QpShared *qp) {
   auto *rq = static_cast<RqShared *>(node.ptr(qp->rq));
   auto *rcq = static_cast<CqShared *>(node.ptr(qp->rcq));
-  if (!rq || !rcq) return;
-  RecvCopy r;
-  while (rq_take(node, rq, &r)) {
+  if (!rcq) return;
+  auto flushed = [&](uint64_t wr_id) {
     ibv_wc wc{};
-    wc.wr_id = r.wr_id;
+    wc.wr_id = wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = qp->qpn.load(std::memory_order_relaxed);
     complete_to(node, qp, rcq, wc, true);  // the QP is in ERR: an overrun drops it
-  }
+  };
+  if (qp->torn.exchange(0, std::memory_order_acquire)) flushed(qp->torn_wr_id);
+  RecvCopy r;
+  while (rq && rq_take(node, rq, &r)) flushed(r.wr_id);
 }
 
 // ---- memory checks -------------------------------------------------------------
@@ -281,17 +283,13 @@ void receipt(Qp *t, const ibv_wc &wc, bool solicited, Receipt *out) {
   out->solicited = solicited;
 }
 
-// The connection's receive of a message could not be finished (the
-// requester died or its window went away while the bytes were pulled): the
-// receive completes flushed, and the QP fails, as its connection has.
-void broken(Qp *t, const RecvCopy &r, Receipt *out) {
-  ibv_wc wc{};
-  wc.wr_id = r.wr_id;
-  wc.status = IBV_WC_WR_FLUSH_ERR;
-  wc.opcode = IBV_WC_RECV;
-  wc.qp_num = t->sh->qpn.load(std::memory_order_relaxed);
-  receipt(t, wc, true, out);
-  out->fail = true;
+// The requester died, or its window went, while the bytes of its message
+// were pulled: as on an HCA, whose responder waits for the rest of such a
+// message, nothing completes and the QP goes on; the receive stays taken
+// until the QP fails (rq_flush).
+void tear(Qp *t, const RecvCopy &r) {
+  t->sh->torn_wr_id = r.wr_id;
+  t->sh->torn.store(1, std::memory_order_release);
 }
 
 void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, const uint8_t *after,
@@ -345,8 +343,8 @@ void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, cons
     return;
   }
   if (place(node.fab(), from, dst, 0, src, r.byte_len) != fabric::MoveStatus::ok) {
-    broken(t, wqe, out);
-    answer->status = IBV_WC_REM_OP_ERR;
+    tear(t, wqe);
+    answer->status = IBV_WC_LOC_PROT_ERR;  // a requester that lives: its memory went
     return;
   }
   receipt(t, wc, r.solicited, out);
