@@ -42,8 +42,14 @@ struct Input {
   const uint8_t *p;
   size_t n;
   uint8_t u8() { return n ? (--n, *p++) : 0; }
-  uint16_t u16() { return static_cast<uint16_t>(u8() | u8() << 8); }
-  uint32_t u32() { return u16() | uint32_t{u16()} << 16; }
+  uint16_t u16() {
+    const uint16_t lo = u8();
+    return static_cast<uint16_t>(lo | u8() << 8);
+  }
+  uint32_t u32() {
+    const uint32_t lo = u16();
+    return lo | uint32_t{u16()} << 16;
+  }
   size_t take(void *to, size_t len) {
     len = std::min(len, n);
     memcpy(to, p, len);

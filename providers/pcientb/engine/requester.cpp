@@ -375,6 +375,17 @@ void own_inline(SendWqe &k) {
 // WR executed here completes at once unless WRs sent before it still wait
 // for their answers; then it waits behind them, done (Qp::sent).
 enum class Settled { ok, failed, waits, sent };
+
+// One transport retry of w, as an HCA's after its timeout: false if they are
+// spent; else counted, and w waits the QP's timeout.
+bool take_retry(Qp *qp, SendWqe &w) {
+  if (w.retry_left == 0) return false;
+  qp->stats->transport_retries.add(1);
+  if (w.retry_left > 0) --w.retry_left;
+  w.not_before_ns = now_ns() + transport_timeout_ns(qp->attr.timeout);
+  return true;
+}
+
 Settled settle(Qp *qp, SendWqe &w, Result r) {
   if (r.outcome == Outcome::busy) {
     // The link comes up within a doorbell and a push; a peer that never
@@ -387,12 +398,7 @@ Settled settle(Qp *qp, SendWqe &w, Result r) {
     }
     r = done(r.status);
   } else if (r.outcome == Outcome::no_ack) {
-    if (w.retry_left != 0) {
-      qp->stats->transport_retries.add(1);
-      if (w.retry_left > 0) --w.retry_left;
-      w.not_before_ns = now_ns() + transport_timeout_ns(qp->attr.timeout);
-      return Settled::waits;
-    }
+    if (take_retry(qp, w)) return Settled::waits;
     r = done(r.status);
   }
   if (r.outcome == Outcome::done) {
@@ -577,11 +583,8 @@ void go_back(Qp *qp, size_t k, uint64_t not_before_ns) {
 // node died): as an HCA whose timeout expired, it goes back to be sent again
 // after the QP's timeout, unless its retries are spent (false: it fails).
 bool retry_unanswered(Qp *qp, size_t k) {
-  SendWqe &w = qp->sent[k];
-  if (w.retry_left == 0) return false;
-  qp->stats->transport_retries.add(1);
-  if (w.retry_left > 0) --w.retry_left;
-  go_back(qp, k, now_ns() + transport_timeout_ns(qp->attr.timeout));
+  if (!take_retry(qp, qp->sent[k])) return false;
+  go_back(qp, k, qp->sent[k].not_before_ns);
   return true;
 }
 }  // namespace
