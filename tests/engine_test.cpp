@@ -78,7 +78,8 @@ TEST_F(EngineOnFake, SendWriteReadAndAtomicBetweenTwoNodesOfOneProcess) {
 // each wrap leaves a pad record. Every message arrives whole and in order.
 TEST_F(EngineOnFake, TheRequestLaneWrapsWithPadRecordsAndKeepsEveryMessageInOrder) {
   connect_pair();
-  constexpr uint32_t kMessages = 3000, kWindow = 32, kSlot = 1024;
+  constexpr uint32_t kMessages = 3000, kWindow = 32;
+  constexpr size_t kSlot = 1024;
   uint32_t sent = 0, received = 0, completed = 0;
   auto length = [](uint32_t i) { return 4 + (i * 37) % 960; };  // 1 to 16 cells
   for (uint32_t i = 0; i < kWindow; ++i) ASSERT_EQ(0, b->post_recv(i, i * kSlot, kSlot));

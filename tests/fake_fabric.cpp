@@ -2,11 +2,11 @@
 
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <string>

@@ -96,7 +96,7 @@ Work work_done() {
 }
 
 uint64_t mono_ns() {
-  timespec ts;
+  timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
