@@ -6,11 +6,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
-#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "engine/engine.hpp"
 
 namespace pcientb::test::fake {
 namespace {
@@ -22,12 +22,6 @@ using fabric::WindowId;
 
 constexpr size_t kArea = size_t{256} << 20;  // sparse: only touched pages cost memory
 constexpr uint16_t kMaxLids = 64;
-
-uint64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000 + uint64_t(ts.tv_nsec);
-}
 
 void bump(int fd) {
   uint64_t one = 1;
@@ -176,12 +170,12 @@ class FakeFabric final : public Fabric {
   void doorbell(Peer &pp, bool maskable) override {
     auto &p = static_cast<FakePeer &>(pp);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (maskable && p.node->quiet_until.load(std::memory_order_relaxed) > mono_ns()) return;
+    if (maskable && p.node->quiet_until.load(std::memory_order_relaxed) > engine::now_ns()) return;
     if (p.node->deaf.load()) return;
     add(&fabric::Work::doorbells, 1);
     bump(p.node->bell);
   }
-  void polling() override { me_->quiet_until.store(mono_ns() + 1000000); }
+  void polling() override { me_->quiet_until.store(engine::now_ns() + 1000000); }
   uint64_t quiet_until_ns() override { return me_->quiet_until.load(); }
   void not_polling() override {
     me_->quiet_until.store(0);
