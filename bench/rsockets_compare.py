@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""rsockets over pcientb0 beside kernel TCP, with the same tool in the same run.
+"""rsockets and our socket layer over pcientb0 beside kernel TCP, with the same tool
+in the same run.
 
 rstream (rdmacm-utils) runs its standard tests (64 B .. 1 MiB, latency and
-bandwidth) once over rsockets on pcientb0 (rdma_cm from librdmacm_glue, under
-pcientb-run) and once over kernel TCP loopback (`rstream -T s`), alternating
-for --reps repetitions; the table gives medians and the ratio rsockets/TCP
-(for usec/xfer lower is better, for Gb/s higher). Writes rsockets.csv in
-OUTPUT_DIR.
+bandwidth) over rsockets on pcientb0 (rdma_cm from librdmacm_glue, under
+pcientb-run), over plain sockets (`rstream -T s`) under pcientb-sdp (the SDP
+socket layer; its --stats lines must show every connection on SDP), and over
+kernel TCP loopback (`rstream -T s`), alternating for --reps repetitions; the
+table gives medians and the ratios to TCP (for usec/xfer lower is better, for
+Gb/s higher). Writes rsockets.csv in OUTPUT_DIR.
 
 usage: rsockets_compare.py [OUTPUT_DIR] [--reps N]
 """
@@ -23,13 +25,22 @@ import time
 ROW = re.compile(r"^(\S+)\s+\S+\s+\S+\s+\S+\s+\S+\s+[\d.]+s\s+([\d.]+)\s+([\d.]+)\s*$")
 
 
-def launcher():
-    for cand in (os.environ.get("PCIENTB_RUN"),
-                 os.path.join(os.path.dirname(__file__), "..", "build", "bin", "pcientb-run"),
-                 shutil.which("pcientb-run")):
+def launcher(name, var):
+    for cand in (os.environ.get(var),
+                 os.path.join(os.path.dirname(__file__), "..", "build", "bin", name),
+                 shutil.which(name)):
         if cand and os.access(cand, os.X_OK):
             return os.path.abspath(cand)
-    sys.exit("rsockets_compare: no pcientb-run (build first, or set PCIENTB_RUN)")
+    sys.exit(f"rsockets_compare: no {name} (build first, or set {var})")
+
+
+def check_sdp(stats_path):
+    """Every connection of the SDP leg went over SDP (the layer's total lines)."""
+    with open(stats_path) as f:
+        totals = [line for line in f if line.startswith("total ")]
+    os.unlink(stats_path)
+    if not totals or any(" tcp=0 " not in t or " sdp=0 " in t for t in totals):
+        sys.exit("rsockets_compare: the SDP leg did not run on SDP:\n" + "".join(totals))
 
 
 def run_pair(prefix, extra, port):
@@ -69,33 +80,40 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     if not shutil.which("rstream"):
         sys.exit("rsockets_compare: rstream not found (apt-get install rdmacm-utils)")
-    run = launcher()
+    run = launcher("pcientb-run", "PCIENTB_RUN")
+    sdp = launcher("pcientb-sdp", "PCIENTB_SDP")
     os.environ.setdefault("PCIENTB_FABRIC", f"rsockets_compare_{os.getpid()}")
-    samples = {"rsockets": {}, "tcp": {}}
+    kinds = ("rsockets", "sdp", "tcp")
+    samples = {k: {} for k in kinds}
     port = 7000 + os.getpid() % 1000
+    stats = os.path.join(out_dir, f".sdp-stats-{os.getpid()}")
     for rep in range(reps):
-        for kind in ("rsockets", "tcp"):  # alternated: the machine's noise hits both
+        for kind in kinds:  # alternated: the machine's noise hits all of them
             port += 1
-            rows = (run_pair([run, "--"], [], port) if kind == "rsockets"
-                    else run_pair([], ["-T", "s"], port))
+            if kind == "rsockets":
+                rows = run_pair([run, "--"], [], port)
+            elif kind == "sdp":
+                rows = run_pair([sdp, "--stats", stats, "--"], ["-T", "s"], port)
+                check_sdp(stats)
+            else:
+                rows = run_pair([], ["-T", "s"], port)
             for test, value in rows.items():
                 samples[kind].setdefault(test, []).append(value)
-    tests = [t for t in samples["rsockets"] if t in samples["tcp"]]
-    lines = []
-    header = f"{'test':<8} {'rsockets':>22} {'kernel TCP':>22} {'ratio':>8}"
-    lines.append(header)
+    tests = [t for t in samples["rsockets"] if all(t in samples[k] for k in kinds)]
+    lines = [f"{'test':<8} {'rsockets':>18} {'SDP':>18} {'kernel TCP':>18} "
+             f"{'rsockets/TCP':>13} {'SDP/TCP':>8}"]
     with open(os.path.join(out_dir, "rsockets.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["test", "metric", "rsockets", "tcp", "ratio"])
+        w.writerow(["test", "metric", "rsockets", "sdp", "tcp", "rsockets_ratio", "sdp_ratio"])
         for t in tests:
             lat = t.endswith("_lat")
             idx, unit = (1, "us/xfer") if lat else (0, "Gb/s")
-            r = statistics.median(v[idx] for v in samples["rsockets"][t])
-            k = statistics.median(v[idx] for v in samples["tcp"][t])
-            ratio = r / k if k else float("nan")
-            lines.append(f"{t:<8} {r:>14.2f} {unit:<7} {k:>14.2f} {unit:<7} {ratio:>7.2f}x")
-            w.writerow([t, unit, r, k, f"{ratio:.3f}"])
-    print(f"rstream, medians of {reps} alternating runs (ratio = rsockets / kernel TCP; "
+            r, d, k = (statistics.median(v[idx] for v in samples[kind][t]) for kind in kinds)
+            rr, dr = (x / k if k else float("nan") for x in (r, d))
+            lines.append(f"{t:<8} {r:>10.2f} {unit:<7} {d:>10.2f} {unit:<7} {k:>10.2f} {unit:<7} "
+                         f"{rr:>12.2f}x {dr:>7.2f}x")
+            w.writerow([t, unit, r, d, k, f"{rr:.3f}", f"{dr:.3f}"])
+    print(f"rstream, medians of {reps} alternating runs (ratios to kernel TCP; "
           "us/xfer: lower is better, Gb/s: higher is better)")
     print("\n".join(lines))
     print(f"CSV: {os.path.join(out_dir, 'rsockets.csv')}")

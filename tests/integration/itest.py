@@ -17,6 +17,7 @@ Exit status: 0 pass, 1 fail, 77 skip (a tool is not installed).
 
 import atexit
 import errno
+import json
 import os
 import re
 import shutil
@@ -137,12 +138,13 @@ def _process_sockets(pid):
 class Proc:
     """A tool run under pcientb-run in its own process group, output to a file."""
 
-    def __init__(self, name, argv, timeout=None, env=None, cwd=None, launch=True):
+    def __init__(self, name, argv, timeout=None, env=None, cwd=None, launch=True, launch_opts=()):
         self.name = name
         # Line-buffered stdout (stdbuf), so that what a tool printed before it
         # was killed at its time limit is in the log.
         stdbuf = ["stdbuf", "-oL", "-eL"] if shutil.which("stdbuf") else []
-        self.argv = stdbuf + ([launcher(), "--fabric", fabric(), "--"] if launch else []) + list(argv)
+        run = [launcher(), "--fabric", fabric(), *launch_opts, "--"] if launch else []
+        self.argv = stdbuf + run + list(argv)
         self.timeout = timeout if timeout is not None else default_timeout()
         self.out = tempfile.TemporaryFile(mode="w+", prefix=f"itest-{name}-")
         self.timed_out = False
@@ -289,10 +291,11 @@ BIND_ERRORS = re.compile(r"address already in use|couldn'?t listen|bind", re.IGN
 
 def run_pair(server_argv, client_argv, *, port_placeholder="{port}", timeout=None,
              server_persists=False, env=None, listen_timeout=30, attempts=3, port=None,
-             ready=None):
+             ready=None, launch_opts=()):
     """Start the server, wait until it listens, run the client, then reap both.
 
-    `{port}` in either argv is replaced by `port`, or a free port. When the
+    `{port}` in either argv is replaced by `port`, or a free port; `launch_opts` go to
+    pcientb-run (e.g. --rsockets). When the
     server fails to bind (another process took the port in between) it is
     retried on a new port. `ready(server, port, timeout)` says when the server
     listens (default: on that TCP port). Returns (server, client) Proc objects;
@@ -303,7 +306,8 @@ def run_pair(server_argv, client_argv, *, port_placeholder="{port}", timeout=Non
     for attempt in range(attempts):
         port = port or free_port()
         sub = lambda argv: [a.replace(port_placeholder, str(port)) for a in argv]
-        server = Proc("server", sub(server_argv), timeout=timeout, env=env)
+        server = Proc("server", sub(server_argv), timeout=timeout, env=env,
+                      launch_opts=launch_opts)
         if not ready(server, port, listen_timeout):
             server.kill()
             text = server.output()
@@ -313,7 +317,8 @@ def run_pair(server_argv, client_argv, *, port_placeholder="{port}", timeout=Non
                 continue
             server.dump()
             fail(f"server did not start listening on port {port}: {server.status()}")
-        client = Proc("client", sub(client_argv), timeout=timeout, env=env)
+        client = Proc("client", sub(client_argv), timeout=timeout, env=env,
+                      launch_opts=launch_opts)
         client.wait()
         if server_persists:
             server.stop()
@@ -339,6 +344,23 @@ def check_no_errors(procs, allow=()):
         if bad:
             p.dump()
             fail(f"{p.name} reported errors:\n  " + "\n  ".join(bad))
+
+
+def iperf3_json(proc):
+    """The JSON document (-J) iperf3 printed; fails on none or on its error."""
+    text = proc.output()
+    i = text.find("{")
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text[i:]) if i >= 0 else (None, 0)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        proc.dump()
+        fail(f"{proc.name}: no JSON document (-J) in the output")
+    if doc.get("error"):
+        proc.dump()
+        fail(f"{proc.name}: iperf3 error: {doc['error']}")
+    return doc
 
 
 # --- Provider traffic counters (PCIENTB_STATS) --------------------------------------

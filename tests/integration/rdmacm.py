@@ -30,6 +30,13 @@ Cases (two processes each unless said otherwise):
   peer_death       the server is SIGKILLed mid-run: the client sees
                    DISCONNECTED and exits within a second, no hang
   mckey            multicast is refused with a clear error (EOPNOTSUPP)
+  rsockets.iperf3  iperf3 under `pcientb-run --rsockets` (Debian's librspreload with
+                   libpcientb-rscompat.so in front): one stream each way (-R) and two
+                   (-P 2), -J figures checked, the bytes in the provider's counters
+  rsockets.sockperf  sockperf ping-pong and throughput (TCP) under --rsockets
+  rsockets.compat  libpcientb-rscompat.so alone leaves kernel sockets as they are:
+                   AF_UNIX keeps EISCONN and EOPNOTSUPP, select() on pipes and TCP
+                   sockets reports, times out and fails (EBADF) as the kernel's
   io_demo          UCX's io_demo (ucx-utils) over UCX's rdmacm connection manager on
                    rc_verbs: 8 KiB writes, then writes and reads of 1 B to 1 MiB (eager
                    and rendezvous) with the TAG API and with the AM API and -z, the data
@@ -49,19 +56,23 @@ import time
 import itest
 from itest import fail, log
 
+RSOCKETS = ["--rsockets"]  # pcientb-run's option: librspreload and its compat library
+
 PS_TCP, PS_UDP = 0x106, 0x111
 
 
-def cm_pair(server_argv, client_argv, *, ps=PS_TCP, server_persists=False, port=None):
+def cm_pair(server_argv, client_argv, *, ps=PS_TCP, **kw):
     """Server first (until its rdma_cm listener is up), then the client."""
-    return itest.run_pair(server_argv, client_argv, server_persists=server_persists, port=port,
-                          ready=lambda proc, p, t: proc.wait_cm_listening(p, ps, t))
+    return itest.run_pair(server_argv, client_argv,
+                          ready=lambda proc, p, t: proc.wait_cm_listening(p, ps, t), **kw)
 
 
 def expect(proc, pattern, what):
-    if not re.search(pattern, proc.output(), re.MULTILINE):
+    m = re.search(pattern, proc.output(), re.MULTILINE)
+    if not m:
         proc.dump()
         fail(f"{proc.name}: {what} (no match for {pattern!r})")
+    return m
 
 
 def host_address():
@@ -132,6 +143,100 @@ def io_demo_runs(loop):
         itest.check_ucx_lanes([s, c])
         stats.check(processes=2, min_bytes=1, what=f"io_demo {what}")
         log(f"io_demo {what}: {c.status()}")
+
+
+def rsockets_iperf3(loop):
+    itest.require_tools("iperf3")
+    # One stream each way, and two (more would meet librdmacm 44's connection-service
+    # thread, which loses track of its descriptors beyond 4 rsockets: NOTES.md).
+    for extra in ([], ["-R"], ["-P", "2"]):
+        stats = itest.Stats("rsockets-iperf3")
+        s, c = cm_pair(["iperf3", "-s", "-1", "-p", "{port}", "-J"],
+                       ["iperf3", "-c", loop, "-p", "{port}", "-t", "1", "-J"] + extra,
+                       env=stats.env(), launch_opts=RSOCKETS)
+        # -t 1: a wait for a connection that rsockets misses costs 5 s (rscompat's sliced waits).
+        if c.elapsed > 6:
+            fail(f"iperf3 {' '.join(extra)} -t 1 took {c.elapsed:.1f} s")
+        moved = {}
+        for proc in (s, c):
+            end = itest.iperf3_json(proc)["end"]
+            sender = (proc is c) != ("-R" in extra)
+            key = "sum_sent" if sender else "sum_received"
+            moved[proc.name] = int(end[key]["bytes"])
+            log(f"iperf3 {' '.join(extra)} {proc.name}: {key} {moved[proc.name]} bytes, "
+                f"{end[key]['bits_per_second'] / 1e9:.2f} Gbit/s")
+        if min(moved.values()) <= 0:
+            fail(f"iperf3 {' '.join(extra)}: nothing moved: {moved}")
+        # rsockets moves a stream's bytes with RDMA WRITEs: the provider posted them all.
+        stats.check(processes=2, min_bytes=moved["client"], what=f"iperf3 {' '.join(extra)}")
+
+
+def rsockets_sockperf(loop):
+    itest.require_tools("sockperf")
+    for kind, size in (("ping-pong", 64), ("throughput", 1400)):
+        stats = itest.Stats("rsockets-sockperf")
+        s, c = cm_pair(["sockperf", "server", "--tcp", "-i", loop, "-p", "{port}"],
+                       ["sockperf", kind, "--tcp", "-i", loop, "-p", "{port}", "-t", "1",
+                        "-m", str(size)],
+                       env=stats.env(), launch_opts=RSOCKETS, server_persists=True)
+        itest.check_no_errors([c])
+        sent = int(expect(c, r"SentMessages=(\d+)" if kind == "ping-pong"
+                          else r"Total of (\d+) messages sent", "no message count")[1])
+        figure = expect(c, r"Summary: (Latency is [\d.]+ usec|BandWidth is [\d.]+ MBps)",
+                        "no summary")[1]
+        log(f"sockperf {kind}: {figure}, {sent} messages of {size} B")
+        if sent <= 0:
+            fail(f"sockperf {kind}: no message sent")
+        # The server is stopped by a signal and may write no counters: the client's suffice.
+        stats.check(processes=1, min_bytes=sent * size, what=f"sockperf {kind}")
+
+
+COMPAT_CHECK = r"""
+import errno, os, select, socket, time
+def fails(fn, code):
+    try:
+        fn()
+    except OSError as e:
+        assert e.errno == code, (fn, e)
+        return
+    raise AssertionError(f"{fn} did not fail with {errno.errorcode[code]}")
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+fails(lambda: a.sendto(b"x", "/nonexistent"), errno.EISCONN)
+fails(lambda: a.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232), errno.EOPNOTSUPP)
+r, w = os.pipe()
+assert select.select([r], [w], [], 0) == ([], [w], [])
+t0 = time.monotonic()
+assert select.select([r], [], [], 0.2) == ([], [], [])
+assert time.monotonic() - t0 >= 0.2
+os.write(w, b"y")
+assert select.select([r], [], [], 5) == ([r], [], [])
+os.read(r, 1)
+os.close(w)
+fails(lambda: select.select([w], [], [], 0), errno.EBADF)
+srv = socket.create_server(("127.0.0.1", 0))
+cli = socket.create_connection(srv.getsockname())
+conn, _ = srv.accept()
+assert cli.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)[0] == 1  # ESTABLISHED
+cli.sendall(b"z")
+idle, _ = os.pipe()
+assert select.select([idle, conn], [], [], 5)[0] == [conn]
+print("compat: kernel sockets unchanged")
+"""
+
+
+def rsockets_compat():
+    lib = os.path.join(os.path.dirname(itest.launcher()), "..", "lib", "libpcientb-rscompat.so")
+    if not os.path.exists(lib):
+        fail(f"{lib} was not built")
+    # Preloaded by pcientb-run (PCIENTB_RUN_BEFORE), which puts a sanitizer build's runtime
+    # first and does not load it itself.
+    p = itest.Proc("compat", [sys.executable, "-c", COMPAT_CHECK],
+                   env={"PCIENTB_RUN_BEFORE": os.path.abspath(lib)})
+    p.wait()
+    if p.rc != 0:
+        p.dump()
+        fail(f"kernel sockets behave differently under libpcientb-rscompat.so: {p.status()}")
+    expect(p, r"^compat: kernel sockets unchanged$", "the check did not finish")
 
 
 def run_case(case):
@@ -249,6 +354,12 @@ def run_case(case):
                     p.kill()
     elif case == "io_demo":
         io_demo_runs(loop)
+    elif case == "rsockets.iperf3":
+        rsockets_iperf3(loop)
+    elif case == "rsockets.sockperf":
+        rsockets_sockperf(loop)
+    elif case == "rsockets.compat":
+        rsockets_compat()
     elif case == "mckey":
         itest.require_tools("mckey")
         c = itest.Proc("client", ["mckey", "-m", "224.0.0.1", "-b", loop, "-s", "-C", "1"])

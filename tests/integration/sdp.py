@@ -652,29 +652,13 @@ def tmpdir():
 # --- Cases ------------------------------------------------------------------------------
 
 
-def iperf3_json(proc):
-    text = proc.output()
-    i = text.find("{")
-    try:
-        doc, _ = json.JSONDecoder().raw_decode(text[i:]) if i >= 0 else (None, 0)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        proc.dump()
-        fail(f"{proc.name}: no JSON document (-J) in the output")
-    if doc.get("error"):
-        proc.dump()
-        fail(f"{proc.name}: iperf3 error: {doc['error']}")
-    return doc
-
-
 def case_iperf3(extra, streams):
     itest.require_tools("iperf3")
     s, c, _ = run_pair(["iperf3", "-s", "-1", "-p", "{port}", "-J"],
                        ["iperf3", "-c", LOOP, "-p", "{port}", "-t", "2", "-J"] + extra)
     reverse = "-R" in extra
     for proc in (s, c):
-        doc = iperf3_json(proc)
+        doc = itest.iperf3_json(proc)
         connected = len(doc.get("start", {}).get("connected", []))
         if connected != streams:
             proc.dump()
