@@ -68,6 +68,7 @@ check_contents() {
     bad "no provider ./usr/lib/$ma/libibverbs/libpcientb-rdmav<N>.so (where libibverbs loads providers)"
   for want in ./etc/libibverbs.d/pcientb.driver \
     "./usr/lib/$ma/libpcientb-preload.so" "./usr/lib/$ma/libpcientb-sdp.so" ./etc/pcientb/sdp.conf \
+    "./usr/lib/$ma/libpcientb-rscompat.so" \
     ./usr/bin/pcientb-run ./usr/bin/pcientb-mpirun ./usr/bin/pcientb-sdp \
     ./usr/bin/pcientb-perf ./usr/bin/sockbench ./usr/share/pcientb/plot.py; do
     grep -qxF "$want" <<<"$files" || bad "missing $want"
