@@ -1,0 +1,17 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * pcientb.ko: RDMA verbs over PCIe non-transparent bridges.
+ *
+ * Layers (one file each): ntb_core.c, the Linux NTB API's core where the kernel has none;
+ * ntb_ivshmem.c, an NTB hardware driver over QEMU's ivshmem (how the module runs in test
+ * guests); pcientb_main.c, the module and its NTB client.
+ */
+#ifndef PCIENTB_KERNEL_PCIENTB_H
+#define PCIENTB_KERNEL_PCIENTB_H
+
+#include <linux/pci.h>
+
+int pcientb_ivshmem_init(void);
+void pcientb_ivshmem_exit(void);
+
+#endif

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Kernel tier 1: pcientb.ko in one QEMU guest (TCG) booting Debian's kernel.
+
+  tier1.py PCIENTB_KO [--keep DIR]
+
+The guest has two ivshmem-doorbell devices on one ivshmem server (NTB ports 0 and 1 of
+one kernel, each the other's peer) and an ivshmem-plain device that maps the guest's own
+RAM (the memory window: a write at BAR offset X lands at physical address X, as through an
+NT window whose inbound translation covers all memory). Its /init (busybox) loads the
+module, runs each port's debugfs selftest (link, scratchpads both ways, a doorbell, 64 KiB
+written through the window and read in the peer's memory), unloads it, and prints the
+kernel's warnings, bugs, oopses and the module's errors from dmesg. Checks: both selftests PASS, insmod and rmmod
+succeed, dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (no QEMU, no kernel image,
+or a module built for another kernel).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ivshmem_server import IvshmemServer  # noqa: E402
+
+SKIP = 77
+GUEST_RAM_MB = 256
+MARK = "pcientb-guest:"
+
+INIT = r"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t debugfs debugfs /sys/kernel/debug
+say() { echo "MARK $*"; }
+if insmod /pcientb.ko; then say "insmod ok"; else say "insmod failed"; fi
+for d in /sys/kernel/debug/pcientb/*/; do
+  say "selftest $(basename "$d")"
+  cat "$d/selftest" | sed "s/^/MARK   /"
+done
+if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
+dmesg | grep -E "WARNING:|BUG:|Oops|Call Trace|general protection|UBSAN|KASAN|kmemleak|corruption|pcientb.*(error|fail)" | grep -v "module verification failed" | sed "s/^/MARK dmesg: /"
+say "done"
+poweroff -f
+""".replace("MARK", MARK)
+
+
+def skip(why):
+    print(f"[kernel] skipped: {why}")
+    sys.exit(SKIP)
+
+
+def fail(why, output=""):
+    if output:
+        print(output)
+    print(f"[kernel] FAIL: {why}")
+    sys.exit(1)
+
+
+def vermagic(ko):
+    out = subprocess.run(["modinfo", "-F", "vermagic", ko], capture_output=True, text=True)
+    return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else None
+
+
+def build_initramfs(work, ko):
+    root = os.path.join(work, "root")
+    for d in ("bin", "proc", "sys", "dev"):
+        os.makedirs(os.path.join(root, d))
+    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    shutil.copy(ko, os.path.join(root, "pcientb.ko"))
+    init = os.path.join(root, "init")
+    with open(init, "w") as f:
+        f.write(INIT)
+    os.chmod(init, 0o755)
+    image = os.path.join(work, "initramfs.cpio")
+    files = subprocess.run(["find", "."], cwd=root, capture_output=True, text=True,
+                           check=True).stdout
+    with open(image, "wb") as out:
+        subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files.encode(),
+                       stdout=out, check=True)
+    return image
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        print(__doc__)
+        sys.exit(2)
+    ko = os.path.abspath(args[0])
+    keep = args[args.index("--keep") + 1] if "--keep" in args else None
+    qemu = shutil.which("qemu-system-x86_64")
+    if not qemu:
+        skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
+    if not os.path.exists("/bin/busybox") or not shutil.which("cpio"):
+        skip("busybox-static or cpio not installed")
+    if not os.path.exists(ko):
+        fail(f"{ko} was not built (make -C kernel)")
+    release = vermagic(ko)
+    kernel = f"/boot/vmlinuz-{release}" if release else None
+    if not kernel or not os.path.exists(kernel):
+        skip(f"no /boot/vmlinuz-{release} for the module's kernel (apt-get install linux-image-amd64)")
+
+    work = keep or tempfile.mkdtemp(prefix="pcientb-kernel-")
+    os.makedirs(work, exist_ok=True)
+    server = None
+    try:
+        image = build_initramfs(work, ko)
+        ram = os.path.join(work, "ram")
+        sock = os.path.join(work, "ivshmem.sock")
+        server = IvshmemServer(sock, size=1 << 20, vectors=4).start()
+        argv = [qemu, "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", f"{GUEST_RAM_MB}M",
+                "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", image,
+                "-append", "console=ttyS0 quiet panic=-1",
+                # Guest RAM in a file, mapped a second time as the window device's BAR.
+                "-object", f"memory-backend-file,id=ram,size={GUEST_RAM_MB}M,mem-path={ram},share=on",
+                "-machine", "pc,memory-backend=ram",
+                "-object", f"memory-backend-file,id=win,size={GUEST_RAM_MB}M,mem-path={ram},share=on",
+                "-device", "ivshmem-plain,memdev=win"]
+        for i in range(2):
+            argv += ["-chardev", f"socket,path={sock},id=ivs{i}",
+                     "-device", f"ivshmem-doorbell,chardev=ivs{i},vectors=4"]
+        t0 = time.monotonic()
+        try:
+            run = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                 timeout=int(os.environ.get("PCIENTB_KERNEL_TIMEOUT", "240")))
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            fail("the guest did not power off in time", out)
+        took = time.monotonic() - t0
+        out = run.stdout + run.stderr
+        lines = [l.split(MARK, 1)[1].strip() for l in out.splitlines() if MARK in l]
+        print("\n".join(f"[guest] {l}" for l in lines))
+        print(f"[kernel] guest ran {took:.1f} s (QEMU exit {run.returncode})")
+        problems = []
+        for want in ("insmod ok", "rmmod ok", "done"):
+            if want not in lines:
+                problems.append(f"no '{want}'")
+        ports = [l for l in lines if l.startswith("selftest ")]
+        passes = sum(1 for l in lines if l == "PASS")
+        if len(ports) != 2 or passes != 2:
+            problems.append(f"{len(ports)} ports, {passes} selftests passed (expected 2 and 2)")
+        dmesg = [l for l in lines if l.startswith("dmesg:")]
+        if dmesg:
+            problems.append(f"{len(dmesg)} dmesg lines of warnings")
+        if problems:
+            fail("; ".join(problems), out if not lines else "")
+        print("[kernel] PASS")
+    finally:
+        if server:
+            server.stop()
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
