@@ -30,7 +30,7 @@ PACKAGES=(
   clang-format clang-tidy shellcheck clang libclang-rt-14-dev
   dpkg-dev file fakeroot
   libcli11-dev libfmt-dev groff-base
-  linux-headers-amd64 linux-image-amd64 qemu-system-x86 busybox-static cpio kmod
+  linux-headers-amd64 linux-image-amd64 qemu-system-x86 busybox-static cpio kmod dkms
 )
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
