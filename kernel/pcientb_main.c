@@ -3,7 +3,8 @@
  * pcientb.ko: the module and its NTB client.
  *
  * The client takes every NTB device the hardware drivers register, enables its link and
- * counts its doorbells. debugfs pcientb/<device>/selftest runs, toward the device's peer
+ * counts its doorbells and link events (debugfs pcientb/<device>/link: "up|down EVENTS").
+ * debugfs pcientb/<device>/selftest runs, toward the device's peer
  * port when both are in this kernel (the one-guest test), what the transport will rely
  * on: scratchpads both ways, a doorbell, and a write through the peer's memory window
  * that lands where the peer's inbound translation points.
@@ -211,6 +212,16 @@ out:
 }
 DEFINE_SHOW_ATTRIBUTE(selftest);
 
+/* The link as the port sees it, and how many link events it has had. */
+static int link_show(struct seq_file *s, void *unused)
+{
+	struct pcientb_port *port = s->private;
+
+	seq_printf(s, "%s %d\n", link_up(port) ? "up" : "down", atomic_read(&port->link_events));
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(link);
+
 static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 {
 	struct pcientb_port *port;
@@ -228,6 +239,7 @@ static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	}
 	port->dir = debugfs_create_dir(dev_name(&ntb->dev), debug_root);
 	debugfs_create_file("selftest", 0400, port->dir, port, &selftest_fops);
+	debugfs_create_file("link", 0400, port->dir, port, &link_fops);
 	mutex_lock(&ports_lock);
 	list_add_tail(&port->node, &ports);
 	mutex_unlock(&ports_lock);

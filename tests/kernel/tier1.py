@@ -8,13 +8,16 @@ one kernel, each the other's peer) and an ivshmem-plain device that maps the gue
 RAM (the memory window: a write at BAR offset X lands at physical address X, as through an
 NT window whose inbound translation covers all memory). Its /init (busybox) loads the
 module, runs each port's debugfs selftest (link, scratchpads both ways, a doorbell, 64 KiB
-written through the window and read in the peer's memory), unloads it, and prints the
-kernel's warnings, bugs, oopses and the module's errors from dmesg. Checks: both selftests PASS, insmod and rmmod
-succeed, dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (no QEMU, no kernel image,
-or a module built for another kernel).
+written through the window and read in the peer's memory), takes port 1's device from the
+driver and gives it back (port 0's link goes down, then up, with an event each time, and
+its selftest passes again), unloads the module, and prints the kernel's warnings, bugs,
+oopses and the module's errors from dmesg. Checks: every selftest PASS, the link states,
+insmod and rmmod succeed, dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (no QEMU,
+no kernel image, or a module built for another kernel).
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +43,19 @@ for d in /sys/kernel/debug/pcientb/*/; do
   say "selftest $(basename "$d")"
   cat "$d/selftest" | sed "s/^/MARK   /"
 done
+# Link down and up: port 1's device leaves the driver and comes back.
+drv=/sys/bus/pci/drivers/pcientb-ivshmem
+set -- /sys/kernel/debug/pcientb/*/
+first=$(basename "$1"); second=$(basename "$2")
+say "link before $(cat /sys/kernel/debug/pcientb/$first/link)"
+echo "${second#ntb-}" > $drv/unbind
+sleep 1
+say "link after unbind $(cat /sys/kernel/debug/pcientb/$first/link)"
+echo "${second#ntb-}" > $drv/bind
+sleep 1
+say "link after bind $(cat /sys/kernel/debug/pcientb/$first/link)"
+say "selftest again $first"
+cat /sys/kernel/debug/pcientb/$first/selftest | sed "s/^/MARK   /"
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
 dmesg | grep -E "WARNING:|BUG:|Oops|Call Trace|general protection|UBSAN|KASAN|kmemleak|corruption|pcientb.*(error|fail)" | grep -v "module verification failed" | sed "s/^/MARK dmesg: /"
 say "done"
@@ -137,10 +153,19 @@ def main():
         for want in ("insmod ok", "rmmod ok", "done"):
             if want not in lines:
                 problems.append(f"no '{want}'")
-        ports = [l for l in lines if l.startswith("selftest ")]
+        ports = [l for l in lines if l.startswith("selftest ntb-")]
         passes = sum(1 for l in lines if l == "PASS")
-        if len(ports) != 2 or passes != 2:
-            problems.append(f"{len(ports)} ports, {passes} selftests passed (expected 2 and 2)")
+        if len(ports) != 2 or passes != 3:
+            problems.append(f"{len(ports)} ports, {passes} selftests passed (expected 2 and 3)")
+        # The link as port 0 sees it: up, down once its peer's device left, up again after.
+        link = {m.group(1): (m.group(2), int(m.group(3))) for m in
+                (re.match(r"link (before|after unbind|after bind) (up|down) (\d+)$", l)
+                 for l in lines) if m}
+        if [link.get(k, ("?", 0))[0] for k in ("before", "after unbind", "after bind")] != \
+                ["up", "down", "up"] or not (link["before"][1] < link["after unbind"][1]
+                                               < link["after bind"][1]):
+            problems.append(f"link states and events {link}: expected up, down, up, "
+                            "each change an event")
         dmesg = [l for l in lines if l.startswith("dmesg:")]
         if dmesg:
             problems.append(f"{len(dmesg)} dmesg lines of warnings")
