@@ -5,7 +5,10 @@
 # (skipped) without dkms or kernel headers.
 set -uo pipefail
 src=$1 version=$2
-command -v dkms >/dev/null 2>&1 || { echo "kernel.dkms: no dkms (apt-get install dkms); skipped"; exit 77; }
+if ! command -v dkms >/dev/null 2>&1; then
+  echo "kernel.dkms: no dkms (apt-get install dkms); skipped"
+  exit 77
+fi
 build_dir="$(compgen -G "/lib/modules/*/build" | sort -V | tail -1)"
 [[ -n "$build_dir" ]] || { echo "kernel.dkms: no kernel headers; skipped"; exit 77; }
 kver="$(basename "$(dirname "$build_dir")")"

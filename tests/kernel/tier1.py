@@ -57,7 +57,9 @@ say "link after bind $(cat /sys/kernel/debug/pcientb/$first/link)"
 say "selftest again $first"
 cat /sys/kernel/debug/pcientb/$first/selftest | sed "s/^/MARK   /"
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
-dmesg | grep -E "WARNING:|BUG:|Oops|Call Trace|general protection|UBSAN|KASAN|kmemleak|corruption|pcientb.*(error|fail)" | grep -v "module verification failed" | sed "s/^/MARK dmesg: /"
+bad="WARNING:|BUG:|Oops|Call Trace|general protection|UBSAN|KASAN|kmemleak|corruption"
+dmesg | grep -E "$bad|pcientb.*(error|fail)" | grep -v "module verification failed" |
+  sed "s/^/MARK dmesg: /"
 say "done"
 poweroff -f
 """.replace("MARK", MARK)
@@ -116,7 +118,8 @@ def main():
     release = vermagic(ko)
     kernel = f"/boot/vmlinuz-{release}" if release else None
     if not kernel or not os.path.exists(kernel):
-        skip(f"no /boot/vmlinuz-{release} for the module's kernel (apt-get install linux-image-amd64)")
+        skip(f"no /boot/vmlinuz-{release} for the module's kernel "
+             "(apt-get install linux-image-amd64)")
 
     work = keep or tempfile.mkdtemp(prefix="pcientb-kernel-")
     os.makedirs(work, exist_ok=True)
@@ -126,13 +129,14 @@ def main():
         ram = os.path.join(work, "ram")
         sock = os.path.join(work, "ivshmem.sock")
         server = IvshmemServer(sock, size=1 << 20, vectors=4).start()
+        backing = f"size={GUEST_RAM_MB}M,mem-path={ram},share=on"
         argv = [qemu, "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", f"{GUEST_RAM_MB}M",
                 "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", image,
                 "-append", "console=ttyS0 quiet panic=-1",
                 # Guest RAM in a file, mapped a second time as the window device's BAR.
-                "-object", f"memory-backend-file,id=ram,size={GUEST_RAM_MB}M,mem-path={ram},share=on",
+                "-object", f"memory-backend-file,id=ram,{backing}",
                 "-machine", "pc,memory-backend=ram",
-                "-object", f"memory-backend-file,id=win,size={GUEST_RAM_MB}M,mem-path={ram},share=on",
+                "-object", f"memory-backend-file,id=win,{backing}",
                 "-device", "ivshmem-plain,memdev=win"]
         for i in range(2):
             argv += ["-chardev", f"socket,path={sock},id=ivs{i}",
@@ -142,8 +146,9 @@ def main():
             run = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                  timeout=int(os.environ.get("PCIENTB_KERNEL_TIMEOUT", "240")))
         except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            fail("the guest did not power off in time", out)
+            out = e.stdout or b""
+            fail("the guest did not power off in time",
+                 out.decode(errors="replace") if isinstance(out, bytes) else out)
         took = time.monotonic() - t0
         out = run.stdout + run.stderr
         lines = [l.split(MARK, 1)[1].strip() for l in out.splitlines() if MARK in l]
