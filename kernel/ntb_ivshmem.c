@@ -9,13 +9,20 @@
  * - Doorbells are MSI-X vectors: writing (peer << 16) | vector to the Doorbell register
  *   raises that vector in the peer. The last vector carries link changes; the others are
  *   doorbell bits.
+ * - The link is up while both ports have enabled it and the peer's heartbeat (a counter it
+ *   advances every IVS_BEAT_MS) moves: a peer whose guest died is down within
+ *   IVS_DEAD_BEATS beats, as an NT port whose partner lost power. debugfs
+ *   pcientb-ivshmem/<device>/heartbeat (0 or 1) stops and restarts a port's heartbeat, to
+ *   test that without killing a guest.
  * - The memory window is an ivshmem-plain device that maps the RAM behind the peer (in a
  *   one-guest test, the guest's own RAM file): BAR offset = the peer's physical address, as
  *   an NT window whose inbound translation covers all memory. mw_set_trans publishes the
  *   inbound address and size; the peer's outbound window starts there.
  */
 #include <linux/module.h>
+#include <linux/debugfs.h>
 #include <linux/pci.h>
+#include <linux/workqueue.h>
 #include <linux/interrupt.h>
 #include <linux/io.h>
 #include <linux/ntb.h>
@@ -34,6 +41,8 @@
 #define IVS_DB_BITS IVS_LINK_VECTOR
 #define IVS_SPADS 16
 #define IVS_MAGIC 0x70636e74 /* "pcnt" */
+#define IVS_BEAT_MS 50
+#define IVS_DEAD_BEATS 6
 
 /* One port's part of the shared BAR2, written by its owner only. */
 struct ivs_port_area {
@@ -41,6 +50,7 @@ struct ivs_port_area {
 	__le32 spad[IVS_SPADS];
 	__le32 mw_lo, mw_hi; /* inbound window: where the peer's writes land */
 	__le32 mw_size;
+	__le32 beat; /* advanced every IVS_BEAT_MS while the port's driver runs */
 };
 
 struct ivs_shared {
@@ -56,10 +66,17 @@ struct ivs_port {
 	u64 db_pending;
 	u64 db_mask;
 	spinlock_t db_lock; /* db_pending, db_mask */
+	struct delayed_work beat_work;
+	u32 peer_beat; /* the peer's heartbeat when it last moved */
+	int stale; /* beats since it last moved */
+	bool peer_alive;
+	bool beating; /* false: this port's heartbeat is stopped (debugfs) */
+	struct dentry *dir;
 };
 
 /* The memory-window device (ivshmem-plain), shared by the ports of this guest. */
 static struct pci_dev *ivs_window;
+static struct dentry *ivs_debug_root;
 
 static struct ivs_port *to_port(struct ntb_dev *ntb)
 {
@@ -85,7 +102,7 @@ static u64 ivs_link_is_up(struct ntb_dev *ntb, enum ntb_speed *speed, enum ntb_w
 {
 	struct ivs_port *p = to_port(ntb);
 	bool up = ioread32(&own_area(p)->magic) == IVS_MAGIC &&
-		  ioread32(&peer_area(p)->magic) == IVS_MAGIC;
+		  ioread32(&peer_area(p)->magic) == IVS_MAGIC && READ_ONCE(p->peer_alive);
 
 	if (speed)
 		*speed = up ? NTB_SPEED_GEN3 : NTB_SPEED_NONE;
@@ -353,6 +370,39 @@ static irqreturn_t ivs_irq(int irq, void *data)
 	return IRQ_HANDLED;
 }
 
+static void ivs_beat(struct work_struct *work)
+{
+	struct ivs_port *p = container_of(to_delayed_work(work), struct ivs_port, beat_work);
+	u32 peer = ioread32(&peer_area(p)->beat);
+	bool alive = READ_ONCE(p->peer_alive);
+
+	if (READ_ONCE(p->beating))
+		iowrite32(ioread32(&own_area(p)->beat) + 1, &own_area(p)->beat);
+	if (peer != p->peer_beat) {
+		p->peer_beat = peer;
+		p->stale = 0;
+		WRITE_ONCE(p->peer_alive, true);
+	} else if (++p->stale >= IVS_DEAD_BEATS) {
+		WRITE_ONCE(p->peer_alive, false);
+	}
+	if (alive != READ_ONCE(p->peer_alive))
+		ntb_link_event(&p->ntb);
+	schedule_delayed_work(&p->beat_work, msecs_to_jiffies(IVS_BEAT_MS));
+}
+
+static int heartbeat_get(void *data, u64 *val)
+{
+	*val = READ_ONCE(((struct ivs_port *)data)->beating);
+	return 0;
+}
+
+static int heartbeat_set(void *data, u64 val)
+{
+	WRITE_ONCE(((struct ivs_port *)data)->beating, val != 0);
+	return 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(heartbeat_fops, heartbeat_get, heartbeat_set, "%llu\n");
+
 static void ivs_free_irqs(struct ivs_port *p)
 {
 	int v;
@@ -381,6 +431,8 @@ static int ivs_probe_port(struct pci_dev *pdev)
 		return -ENODEV;
 	}
 	spin_lock_init(&p->db_lock);
+	INIT_DELAYED_WORK(&p->beat_work, ivs_beat);
+	p->beating = true;
 	p->ntb.pdev = pdev;
 	/* MSI-X messages are DMA writes: without bus mastering QEMU drops them. */
 	pci_set_master(pdev);
@@ -399,6 +451,9 @@ static int ivs_probe_port(struct pci_dev *pdev)
 	rc = ntb_register_device(&p->ntb);
 	if (rc)
 		goto free_vectors;
+	schedule_delayed_work(&p->beat_work, 0);
+	p->dir = debugfs_create_dir(pci_name(pdev), ivs_debug_root);
+	debugfs_create_file_unsafe("heartbeat", 0600, p->dir, p, &heartbeat_fops);
 	dev_info(&pdev->dev, "NTB port %u over ivshmem, %llu KiB shared\n", p->id,
 		 (unsigned long long)pci_resource_len(pdev, 2) >> 10);
 	return 0;
@@ -441,7 +496,9 @@ static void ivs_remove(struct pci_dev *pdev)
 			ivs_window = NULL;
 		return;
 	}
+	debugfs_remove_recursive(p->dir);
 	ntb_unregister_device(&p->ntb);
+	cancel_delayed_work_sync(&p->beat_work);
 	iowrite32(0, &own_area(p)->magic);
 	ivs_free_irqs(p);
 }
@@ -458,10 +515,17 @@ static struct pci_driver ivs_driver = {
 
 int pcientb_ivshmem_init(void)
 {
-	return pci_register_driver(&ivs_driver);
+	int rc;
+
+	ivs_debug_root = debugfs_create_dir("pcientb-ivshmem", NULL);
+	rc = pci_register_driver(&ivs_driver);
+	if (rc)
+		debugfs_remove_recursive(ivs_debug_root);
+	return rc;
 }
 
 void pcientb_ivshmem_exit(void)
 {
 	pci_unregister_driver(&ivs_driver);
+	debugfs_remove_recursive(ivs_debug_root);
 }

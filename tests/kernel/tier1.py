@@ -10,7 +10,8 @@ NT window whose inbound translation covers all memory). Its /init (busybox) load
 module, runs each port's debugfs selftest (link, scratchpads both ways, a doorbell, 64 KiB
 written through the window and read in the peer's memory), takes port 1's device from the
 driver and gives it back (port 0's link goes down, then up, with an event each time, and
-its selftest passes again), unloads the module, and prints the kernel's warnings, bugs,
+its selftest passes again), stops and restarts port 1's heartbeat (a peer that died
+without a word: down, then up), unloads the module, and prints the kernel's warnings, bugs,
 oopses and the module's errors from dmesg. Checks: every selftest PASS, the link states,
 insmod and rmmod succeed, dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (no QEMU,
 no kernel image, or a module built for another kernel).
@@ -54,6 +55,14 @@ say "link after unbind $(cat /sys/kernel/debug/pcientb/$first/link)"
 echo "${second#ntb-}" > $drv/bind
 sleep 1
 say "link after bind $(cat /sys/kernel/debug/pcientb/$first/link)"
+# A peer that stops without a word (its host died): port 1's heartbeat stops.
+beat=/sys/kernel/debug/pcientb-ivshmem/${second#ntb-}/heartbeat
+echo 0 > $beat
+sleep 1
+say "link after silence $(cat /sys/kernel/debug/pcientb/$first/link)"
+echo 1 > $beat
+sleep 1
+say "link after heartbeat $(cat /sys/kernel/debug/pcientb/$first/link)"
 say "selftest again $first"
 cat /sys/kernel/debug/pcientb/$first/selftest | sed "s/^/MARK   /"
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
@@ -162,15 +171,17 @@ def main():
         passes = sum(1 for l in lines if l == "PASS")
         if len(ports) != 2 or passes != 3:
             problems.append(f"{len(ports)} ports, {passes} selftests passed (expected 2 and 3)")
-        # The link as port 0 sees it: up, down once its peer's device left, up again after.
+        # The link as port 0 sees it: up; down once its peer's device left; up when it came
+        # back; down when the peer's heartbeat stopped; up when it beat again. Every change
+        # is at least one link event.
+        steps = ("before", "after unbind", "after bind", "after silence", "after heartbeat")
         link = {m.group(1): (m.group(2), int(m.group(3))) for m in
-                (re.match(r"link (before|after unbind|after bind) (up|down) (\d+)$", l)
-                 for l in lines) if m}
-        if [link.get(k, ("?", 0))[0] for k in ("before", "after unbind", "after bind")] != \
-                ["up", "down", "up"] or not (link["before"][1] < link["after unbind"][1]
-                                               < link["after bind"][1]):
-            problems.append(f"link states and events {link}: expected up, down, up, "
-                            "each change an event")
+                (re.match(r"link (\w+(?: \w+)?) (up|down) (\d+)$", l) for l in lines) if m}
+        states = [link.get(k, ("?", 0))[0] for k in steps]
+        events = [link.get(k, ("?", 0))[1] for k in steps]
+        if states != ["up", "down", "up", "down", "up"] or events != sorted(set(events)):
+            problems.append(f"link states {states}, events {events}: expected up, down, up, "
+                            "down, up, each change an event")
         dmesg = [l for l in lines if l.startswith("dmesg:")]
         if dmesg:
             problems.append(f"{len(dmesg)} dmesg lines of warnings")
