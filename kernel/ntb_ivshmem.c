@@ -42,7 +42,7 @@
 #define IVS_SPADS 16
 #define IVS_MAGIC 0x70636e74 /* "pcnt" */
 #define IVS_BEAT_MS 50
-#define IVS_DEAD_BEATS 6
+#define IVS_DEAD_BEATS 20
 
 /* One port's part of the shared BAR2, written by its owner only. */
 struct ivs_port_area {

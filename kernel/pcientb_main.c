@@ -7,7 +7,11 @@
  * debugfs pcientb/<device>/selftest runs, toward the device's peer
  * port when both are in this kernel (the one-guest test), what the transport will rely
  * on: scratchpads both ways, a doorbell, and a write through the peer's memory window
- * that lands where the peer's inbound translation points.
+ * that lands where the peer's inbound translation points. When the peer is another host
+ * (the two-guest test), both sides read pcientb/<device>/remote at once (each writes the
+ * other's window, rings, and checks what it received); then one side reads "sink" (keeps
+ * its window open until the link goes down) while the other reads "source" (writes
+ * through the window until the link goes down, or it is killed).
  */
 #include <linux/module.h>
 #include <linux/debugfs.h>
@@ -18,6 +22,7 @@
 #include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/ntb.h>
+#include <linux/sched/signal.h>
 #include <linux/seq_file.h>
 #include <linux/wait.h>
 
@@ -25,6 +30,15 @@
 
 #define PCIENTB_SELFTEST_BYTES (64 * 1024)
 #define PCIENTB_WAIT_MS 2000
+/*
+ * Across hosts (tier 2): the scratchpad that says which window is set, and how long to
+ * wait. Each use of a window has its own tag, so that a peer never takes a window that is
+ * about to go away for the next one.
+ */
+#define PCIENTB_SPAD_WINDOW 2
+#define PCIENTB_WINDOW_REMOTE 0x57494e31 /* "WIN1" */
+#define PCIENTB_WINDOW_SINK 0x57494e32 /* "WIN2" */
+#define PCIENTB_REMOTE_WAIT_MS 30000
 
 struct pcientb_port {
 	struct list_head node;
@@ -212,6 +226,154 @@ out:
 }
 DEFINE_SHOW_ATTRIBUTE(selftest);
 
+static u32 remote_word(int port, size_t i)
+{
+	return (0x9e3779b9u * (u32)(i / 4 + 1)) ^ ((u32)port << 28);
+}
+
+/* An inbound window the peer may write: set, and announced in a scratchpad. */
+struct window {
+	struct ntb_dev *ntb;
+	u8 *buf;
+	dma_addr_t dma;
+	size_t size;
+};
+
+static int window_open(struct window *w, struct ntb_dev *ntb, size_t size, u32 tag)
+{
+	w->ntb = ntb;
+	w->size = size;
+	w->buf = dma_alloc_coherent(&ntb->pdev->dev, size, &w->dma, GFP_KERNEL);
+	if (!w->buf)
+		return -ENOMEM;
+	memset(w->buf, 0, size);
+	if (ntb_mw_set_trans(ntb, 0, 0, w->dma, size)) {
+		dma_free_coherent(&ntb->pdev->dev, size, w->buf, w->dma);
+		return -EIO;
+	}
+	ntb_spad_write(ntb, PCIENTB_SPAD_WINDOW, tag);
+	return 0;
+}
+
+/* Only once the peer can no longer write it (it said so, or its link is down). */
+static void window_close(struct window *w)
+{
+	ntb_spad_write(w->ntb, PCIENTB_SPAD_WINDOW, 0);
+	ntb_mw_clear_trans(w->ntb, 0, 0);
+	dma_free_coherent(&w->ntb->pdev->dev, w->size, w->buf, w->dma);
+}
+
+/* The peer's window `tag`, once the link is up and the peer has announced it. */
+static void __iomem *peer_window(struct pcientb_port *p, size_t size, u32 tag)
+{
+	unsigned long end = jiffies + msecs_to_jiffies(PCIENTB_REMOTE_WAIT_MS);
+	resource_size_t got;
+	phys_addr_t base;
+
+	while (!link_up(p) || ntb_peer_spad_read(p->ntb, 0, PCIENTB_SPAD_WINDOW) != tag ||
+	       ntb_peer_mw_get_addr(p->ntb, 0, &base, &got) || got < size) {
+		if (time_after(jiffies, end))
+			return NULL;
+		msleep(10);
+	}
+	return ioremap_wc(base, size);
+}
+
+static void fill_window(void __iomem *out, int port, size_t size)
+{
+	size_t i;
+
+	for (i = 0; i < size; i += 4)
+		iowrite32(remote_word(port, i), out + i);
+	wmb(); /* the data, then the doorbell that announces it */
+}
+
+static int remote_show(struct seq_file *s, void *unused)
+{
+	struct pcientb_port *a = s->private;
+	int peer = ntb_peer_port_number(a->ntb, 0);
+	int before = atomic_read(&a->db_events[1]);
+	void __iomem *out;
+	struct window w;
+	size_t i;
+
+	if (window_open(&w, a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_REMOTE)) {
+		seq_puts(s, "FAIL window: cannot set the inbound window\n");
+		return 0;
+	}
+	out = peer_window(a, w.size, PCIENTB_WINDOW_REMOTE);
+	if (!out) {
+		seq_puts(s, "FAIL link: no link, or the peer announced no window\n");
+		goto close;
+	}
+	fill_window(out, ntb_port_number(a->ntb), w.size);
+	iounmap(out);
+	ntb_peer_db_set(a->ntb, BIT_ULL(1));
+	if (!wait_event_timeout(a->wq, atomic_read(&a->db_events[1]) != before,
+				msecs_to_jiffies(PCIENTB_REMOTE_WAIT_MS))) {
+		seq_puts(s, "FAIL doorbell: the peer never rang\n");
+		goto close;
+	}
+	for (i = 0; i < w.size; i += 4) {
+		if (*(u32 *)(w.buf + i) != remote_word(peer, i)) {
+			seq_printf(s, "FAIL window: byte %zu of what the peer wrote differs\n", i);
+			goto close;
+		}
+	}
+	seq_printf(s, "ok   %zu KiB each way through the windows, a doorbell each way\nPASS\n",
+		   w.size >> 10);
+close:
+	/* The peer rang after its write, and writes nothing more here. */
+	window_close(&w);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(remote);
+
+static int sink_show(struct seq_file *s, void *unused)
+{
+	struct pcientb_port *a = s->private;
+	int writes = atomic_read(&a->db_events[1]);
+	struct window w;
+
+	if (window_open(&w, a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_SINK)) {
+		seq_puts(s, "FAIL window: cannot set the inbound window\n");
+		return 0;
+	}
+	if (!wait_event_timeout(a->wq, link_up(a), msecs_to_jiffies(PCIENTB_REMOTE_WAIT_MS)) ||
+	    !wait_event_timeout(a->wq, !link_up(a), msecs_to_jiffies(PCIENTB_REMOTE_WAIT_MS)))
+		seq_puts(s, "FAIL link: did not go up, then down\n");
+	else
+		seq_printf(s, "ok   link down after %d doorbells of the source\n",
+			   atomic_read(&a->db_events[1]) - writes);
+	/* A peer whose link is down writes nothing (here: its guest is gone). */
+	window_close(&w);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(sink);
+
+static int source_show(struct seq_file *s, void *unused)
+{
+	struct pcientb_port *a = s->private;
+	void __iomem *out = peer_window(a, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_SINK);
+	unsigned long n = 0;
+
+	if (!out) {
+		seq_puts(s, "FAIL link: no link, or the peer announced no window\n");
+		return 0;
+	}
+	pr_info("pcientb: %s: streaming to the peer\n", dev_name(&a->ntb->dev));
+	while (link_up(a) && !signal_pending(current)) {
+		fill_window(out, ntb_port_number(a->ntb), PCIENTB_SELFTEST_BYTES);
+		ntb_peer_db_set(a->ntb, BIT_ULL(1));
+		n++;
+		cond_resched();
+	}
+	iounmap(out);
+	seq_printf(s, "ok   %lu windows written until the link went down\n", n);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(source);
+
 /* The link as the port sees it, and how many link events it has had. */
 static int link_show(struct seq_file *s, void *unused)
 {
@@ -240,6 +402,9 @@ static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	port->dir = debugfs_create_dir(dev_name(&ntb->dev), debug_root);
 	debugfs_create_file("selftest", 0400, port->dir, port, &selftest_fops);
 	debugfs_create_file("link", 0400, port->dir, port, &link_fops);
+	debugfs_create_file("remote", 0400, port->dir, port, &remote_fops);
+	debugfs_create_file("sink", 0400, port->dir, port, &sink_fops);
+	debugfs_create_file("source", 0400, port->dir, port, &source_fops);
 	mutex_lock(&ports_lock);
 	list_add_tail(&port->node, &ports);
 	mutex_unlock(&ports_lock);

@@ -1,0 +1,106 @@
+"""What the kernel tests' QEMU guests have in common: Debian's kernel (the one the module
+was built for), a busybox initramfs with pcientb.ko and a test's /init, guest RAM in a file
+(so that another device can map it as an NT window), ivshmem devices, and the lines the
+guest marks for the host.
+
+The guest's /init prints `MARK text` lines (MARK below); the host reads them from the
+serial console.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+SKIP = 77
+MARK = "pcientb-guest:"
+GUEST_RAM_MB = 256
+IVSHMEM_VECTORS = 4
+
+# Shell helpers every /init starts with: mounts, `say`, and the dmesg check.
+INIT_HEAD = r"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t debugfs debugfs /sys/kernel/debug
+say() { echo "MARK $*"; }
+show() { sed "s/^/MARK   /" "$1"; }
+check_dmesg() {
+  bad="WARNING:|BUG:|Oops|Call Trace|general protection|UBSAN|KASAN|kmemleak|corruption"
+  dmesg | grep -E "$bad|pcientb.*(error|fail)" | grep -v "module verification failed" |
+    sed "s/^/MARK dmesg: /"
+}
+""".replace("MARK", MARK)
+
+
+def skip(why):
+    print(f"[kernel] skipped: {why}")
+    sys.exit(SKIP)
+
+
+def fail(why, output=""):
+    if output:
+        print(output)
+    print(f"[kernel] FAIL: {why}")
+    sys.exit(1)
+
+
+def check_host(ko):
+    """The kernel image the module was built for; skips when the host cannot run a guest."""
+    if not shutil.which("qemu-system-x86_64"):
+        skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
+    if not os.path.exists("/bin/busybox") or not shutil.which("cpio"):
+        skip("busybox-static or cpio not installed")
+    if not os.path.exists(ko):
+        fail(f"{ko} was not built (make -C kernel)")
+    out = subprocess.run(["modinfo", "-F", "vermagic", ko], capture_output=True, text=True)
+    release = out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else None
+    kernel = f"/boot/vmlinuz-{release}" if release else None
+    if not kernel or not os.path.exists(kernel):
+        skip(f"no /boot/vmlinuz-{release} for the module's kernel "
+             "(apt-get install linux-image-amd64)")
+    return kernel
+
+
+def initramfs(work, ko, init_body):
+    """A cpio archive with busybox, the module and INIT_HEAD + init_body as /init."""
+    root = os.path.join(work, "root")
+    for d in ("bin", "proc", "sys", "dev"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    shutil.copy(ko, os.path.join(root, "pcientb.ko"))
+    init = os.path.join(root, "init")
+    with open(init, "w") as f:
+        f.write(INIT_HEAD + init_body.replace("MARK", MARK))
+    os.chmod(init, 0o755)
+    image = os.path.join(work, "initramfs.cpio")
+    files = subprocess.run(["find", "."], cwd=root, capture_output=True, text=True,
+                           check=True).stdout
+    with open(image, "wb") as out:
+        subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files.encode(),
+                       stdout=out, check=True)
+    return image
+
+
+def qemu_argv(kernel, image, ram, window, doorbells, append=""):
+    """One TCG guest whose RAM is the file `ram`, with the file `window` (a RAM file, its own
+    or another guest's) as an ivshmem-plain BAR, and an ivshmem-doorbell device on each
+    server socket of `doorbells`."""
+    backing = f"size={GUEST_RAM_MB}M,share=on,mem-path="
+    argv = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "1",
+            "-m", f"{GUEST_RAM_MB}M", "-nographic", "-no-reboot", "-kernel", kernel,
+            "-initrd", image, "-append", f"console=ttyS0 quiet panic=-1 {append}".strip(),
+            "-object", f"memory-backend-file,id=ram,{backing}{ram}",
+            "-machine", "pc,memory-backend=ram",
+            "-object", f"memory-backend-file,id=win,{backing}{window}",
+            "-device", "ivshmem-plain,memdev=win"]
+    for i, sock in enumerate(doorbells):
+        argv += ["-chardev", f"socket,path={sock},id=ivs{i}",
+                 "-device", f"ivshmem-doorbell,chardev=ivs{i},vectors={IVSHMEM_VECTORS}"]
+    return argv
+
+
+def marked(text):
+    """The lines the guest marked, without the mark."""
+    return [line.split(MARK, 1)[1].strip() for line in text.splitlines() if MARK in line]
