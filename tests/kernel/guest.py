@@ -7,10 +7,15 @@ The guest's /init prints `MARK text` lines (MARK below); the host reads them fro
 serial console.
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import types
+
+from ivshmem_server import IvshmemServer
 
 SKIP = 77
 MARK = "pcientb-guest:"
@@ -104,3 +109,31 @@ def qemu_argv(kernel, image, ram, window, doorbells, append=""):
 def marked(text):
     """The lines the guest marked, without the mark."""
     return [line.split(MARK, 1)[1].strip() for line in text.splitlines() if MARK in line]
+
+
+@contextlib.contextmanager
+def workspace(doc, init_body, prefix):
+    """For `tierN.py PCIENTB_KO [--keep DIR]`: checks the host, builds the initramfs with
+    init_body and starts an ivshmem server; yields them (kernel, image, dir, sock, server).
+    Everything goes when the test ends, but a --keep directory."""
+    args = sys.argv[1:]
+    if not args:
+        print(doc)
+        sys.exit(2)
+    ko = os.path.abspath(args[0])
+    keep = args[args.index("--keep") + 1] if "--keep" in args else None
+    kernel = check_host(ko)
+    work = keep or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(work, exist_ok=True)
+    server = None
+    try:
+        image = initramfs(work, ko, init_body)
+        sock = os.path.join(work, "ivshmem.sock")
+        server = IvshmemServer(sock, size=1 << 20, vectors=IVSHMEM_VECTORS).start()
+        yield types.SimpleNamespace(kernel=kernel, image=image, dir=work, sock=sock,
+                                    server=server)
+    finally:
+        if server:
+            server.stop()
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)

@@ -19,16 +19,13 @@ QEMU, no kernel image, or a module built for another kernel).
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import guest  # noqa: E402
 from guest import fail  # noqa: E402
-from ivshmem_server import IvshmemServer  # noqa: E402
 
 INIT = r"""
 if insmod /pcientb.ko; then say "insmod ok"; else say "insmod failed"; fi
@@ -94,23 +91,10 @@ def check(lines):
 
 
 def main():
-    args = sys.argv[1:]
-    if not args:
-        print(__doc__)
-        sys.exit(2)
-    ko = os.path.abspath(args[0])
-    keep = args[args.index("--keep") + 1] if "--keep" in args else None
-    kernel = guest.check_host(ko)
-    work = keep or tempfile.mkdtemp(prefix="pcientb-kernel-")
-    os.makedirs(work, exist_ok=True)
-    server = None
-    try:
-        image = guest.initramfs(work, ko, INIT)
-        ram = os.path.join(work, "ram")
-        sock = os.path.join(work, "ivshmem.sock")
-        server = IvshmemServer(sock, size=1 << 20, vectors=guest.IVSHMEM_VECTORS).start()
+    with guest.workspace(__doc__, INIT, "pcientb-kernel-") as w:
+        ram = os.path.join(w.dir, "ram")
         # Both ports on one server; the window is the guest's own RAM.
-        argv = guest.qemu_argv(kernel, image, ram, ram, [sock, sock])
+        argv = guest.qemu_argv(w.kernel, w.image, ram, ram, [w.sock, w.sock])
         t0 = time.monotonic()
         try:
             run = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -127,11 +111,6 @@ def main():
         if problems:
             fail("; ".join(problems), out if not lines else "")
         print("[kernel] PASS")
-    finally:
-        if server:
-            server.stop()
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

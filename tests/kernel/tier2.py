@@ -16,18 +16,15 @@ holds no warning. Exit 0 pass, 1 fail, 77 skip (as tier1.py).
 """
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import guest  # noqa: E402
 from guest import fail  # noqa: E402
-from ivshmem_server import IvshmemServer  # noqa: E402
 
 INIT = r"""
 if insmod /pcientb.ko; then say "insmod ok"; else say "insmod failed"; fi
@@ -96,82 +93,70 @@ class Guest:
 
 
 def main():
-    args = sys.argv[1:]
-    if not args:
-        print(__doc__)
-        sys.exit(2)
-    ko = os.path.abspath(args[0])
-    keep = args[args.index("--keep") + 1] if "--keep" in args else None
-    kernel = guest.check_host(ko)
-    work = keep or tempfile.mkdtemp(prefix="pcientb-kernel2-")
-    os.makedirs(work, exist_ok=True)
-    server = None
     guests = []
-    try:
-        image = guest.initramfs(work, ko, INIT)
-        ram = {n: os.path.join(work, f"ram{n}") for n in "AB"}
-        sock = os.path.join(work, "ivshmem.sock")
-        server = IvshmemServer(sock, size=1 << 20, vectors=guest.IVSHMEM_VECTORS).start()
-        t0 = time.monotonic()
-        a = Guest("A", guest.qemu_argv(kernel, image, ram["A"], ram["B"], [sock],
-                                       "pcientb_role=sink"))
-        guests.append(a)
-        # A connects first and is port 0; B's QEMU starts once A's device is in.
-        while not server.peers and a.p.poll() is None and time.monotonic() - t0 < 30:
-            time.sleep(0.05)
-        b = Guest("B", guest.qemu_argv(kernel, image, ram["B"], ram["A"], [sock],
-                                       "pcientb_role=source"))
-        guests.append(b)
+    with guest.workspace(__doc__, INIT, "pcientb-kernel2-") as w:
+        try:
+            run_guests(w, guests)
+        finally:
+            for g in guests:
+                if g.p.poll() is None:
+                    g.p.kill()
+                    g.p.wait()
 
-        streaming = b.wait_line(lambda l: l == "streaming", 120)
-        killed = None
-        if streaming is not None:
-            time.sleep(KILL_AFTER_S)
-            b.p.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
-        down = a.wait_line(lambda l: l.startswith("ok   link down"), 60)
-        a.finish(60)
-        b.finish(10)
-        for g in guests:
-            print("\n".join(f"[guest {g.name}] {l}" for l in g.texts()))
-        print(f"[kernel] two guests ran {time.monotonic() - t0:.1f} s")
 
-        problems = []
-        for g in guests:
-            if g.texts().count("PASS") != 1:
-                problems.append(f"guest {g.name}: 'remote' did not pass")
-        if killed is None:
-            problems.append("guest B never streamed")
-        elif down is None:
-            problems.append("guest A never saw its link go down after B was killed")
-        else:
-            took = down - killed
-            print(f"[kernel] A's link went down {took:.2f} s after B was killed")
-            if took > DOWN_WITHIN_S:
-                problems.append(f"A's link went down {took:.1f} s after the kill "
-                                f"(at most {DOWN_WITHIN_S} s)")
-        texts = a.texts()
-        sink = [l for l in texts if l.startswith("ok   link down after")]
-        if sink and sink[0].split()[4] == "0":
-            problems.append("A saw no doorbell of B's stream")
-        for want in ("rmmod ok", "done"):
-            if want not in texts:
-                problems.append(f"guest A: no '{want}'")
-        if any(l.startswith("dmesg:") for l in texts):
-            problems.append("guest A: dmesg lines of warnings")
-        if problems:
-            fail("; ".join(problems),
-                 "".join(a.raw[-60:]) + "".join(b.raw[-40:]) if not texts else "")
-        print("[kernel] PASS")
-    finally:
-        for g in guests:
-            if g.p.poll() is None:
-                g.p.kill()
-                g.p.wait()
-        if server:
-            server.stop()
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+def run_guests(w, guests):
+    ram = {n: os.path.join(w.dir, f"ram{n}") for n in "AB"}
+    t0 = time.monotonic()
+    a = Guest("A", guest.qemu_argv(w.kernel, w.image, ram["A"], ram["B"], [w.sock],
+                                   "pcientb_role=sink"))
+    guests.append(a)
+    # A connects first and is port 0; B's QEMU starts once A's device is in.
+    while not w.server.peers and a.p.poll() is None and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    b = Guest("B", guest.qemu_argv(w.kernel, w.image, ram["B"], ram["A"], [w.sock],
+                                   "pcientb_role=source"))
+    guests.append(b)
+
+    streaming = b.wait_line(lambda l: l == "streaming", 120)
+    killed = None
+    if streaming is not None:
+        time.sleep(KILL_AFTER_S)
+        b.p.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+    down = a.wait_line(lambda l: l.startswith("ok   link down"), 60)
+    a.finish(60)
+    b.finish(10)
+    for g in guests:
+        print("\n".join(f"[guest {g.name}] {l}" for l in g.texts()))
+    print(f"[kernel] two guests ran {time.monotonic() - t0:.1f} s")
+
+    problems = []
+    for g in guests:
+        if g.texts().count("PASS") != 1:
+            problems.append(f"guest {g.name}: 'remote' did not pass")
+    if killed is None:
+        problems.append("guest B never streamed")
+    elif down is None:
+        problems.append("guest A never saw its link go down after B was killed")
+    else:
+        took = down - killed
+        print(f"[kernel] A's link went down {took:.2f} s after B was killed")
+        if took > DOWN_WITHIN_S:
+            problems.append(f"A's link went down {took:.1f} s after the kill "
+                            f"(at most {DOWN_WITHIN_S} s)")
+    texts = a.texts()
+    sink = [l for l in texts if l.startswith("ok   link down after")]
+    if sink and sink[0].split()[4] == "0":
+        problems.append("A saw no doorbell of B's stream")
+    for want in ("rmmod ok", "done"):
+        if want not in texts:
+            problems.append(f"guest A: no '{want}'")
+    if any(l.startswith("dmesg:") for l in texts):
+        problems.append("guest A: dmesg lines of warnings")
+    if problems:
+        fail("; ".join(problems),
+             "".join(a.raw[-60:]) + "".join(b.raw[-40:]) if not texts else "")
+    print("[kernel] PASS")
 
 
 if __name__ == "__main__":
