@@ -159,7 +159,7 @@ static int ivs_mw_set_trans(struct ntb_dev *ntb, int pidx, int widx, dma_addr_t 
 
 	if (ivs_mw_get_align(ntb, pidx, widx, NULL, NULL, &max))
 		return -EINVAL;
-	/* The window maps the peer's RAM from address 0: it reaches no further. */
+	/* The peer's window maps this RAM from address 0, as far as ours maps the peer's. */
 	if (!IS_ALIGNED(addr, PAGE_SIZE) || !IS_ALIGNED(size, PAGE_SIZE) || size > max ||
 	    addr > pci_resource_len(ivs_window, 2) - size)
 		return -EINVAL;

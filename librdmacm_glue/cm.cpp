@@ -1248,7 +1248,7 @@ void forget(int fd) {
   if (fd >= 0 && fd < kMaxFd) g_fd_ino[fd].store(0, std::memory_order_relaxed);
 }
 
-ssize_t execute(int fd, const void *buf, size_t len) {
+ssize_t execute(int fd, int held, const void *buf, size_t len) {
   rdma_ucm_cmd_hdr h{};
   if (len < sizeof h) {
     errno = EINVAL;
@@ -1260,20 +1260,13 @@ ssize_t execute(int fd, const void *buf, size_t len) {
     return -1;
   }
   open_local_device();  // before the lock (device.hpp)
-  // The command holds the channel's file, as the kernel's write() does: a
-  // thread closing the descriptor meanwhile (rping's main thread while its
-  // event thread asks for the next event) neither fails nor ends the command.
-  int held = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (held < 0 && errno != EMFILE) return -1;  // EBADF: closed before the write began
-  const bool dup_held = held >= 0;
-  if (!dup_held) held = fd;  // no descriptor to spare: as before, on the program's
+  const int on = held >= 0 ? held : fd;
   State &s = state();
   std::unique_lock<std::mutex> l(s.mu);
-  Channel *ch = channel_of_fd(s, held);
+  Channel *ch = channel_of_fd(s, on);
   int err = EINVAL;
-  if (ch != nullptr && !ch->inherited) err = run(s, l, ch, held, h, buf, len);
+  if (ch != nullptr && !ch->inherited) err = run(s, l, ch, on, h, buf, len);
   l.unlock();
-  if (dup_held) ::close(held);  // after the lock: the last reference may end the channel
   if (tracing())
     std::fprintf(stderr, "pcientb-cm[%d]: fd %d cmd %u in %u out %u -> %s\n", getpid(), fd, h.cmd,
                  h.in, h.out, err != 0 ? std::strerror(err) : "ok");

@@ -36,8 +36,10 @@ bool is_channel(int fd);
 // fd is being closed by the program.
 void forget(int fd);
 
-// One command written to a channel: the byte count, or -1 with errno.
-ssize_t execute(int fd, const void *buf, size_t len);
+// One command written to the channel on `fd`: the byte count, or -1 with errno. `held` is
+// a dup of fd that the caller took first and closes after, as the kernel's write() holds
+// the file (-1: none could be taken, the command runs on fd).
+ssize_t execute(int fd, int held, const void *buf, size_t len);
 
 // What fstat reports for a channel: a character device, as the kernel's.
 void describe(struct stat *st);

@@ -138,10 +138,25 @@ PCIENTB_EXPORT int __fxstat64(int ver, int fd, struct stat64 *st) {
 }
 
 PCIENTB_EXPORT ssize_t write(int fd, const void *buf, size_t n) {
-  if (pcientb::cm::any_channel() && (pcientb::cm::known_channel(fd) || command_shaped(buf, n)) &&
-      pcientb::cm::is_channel(fd))
-    return pcientb::cm::execute(fd, buf, n);
-  return PCIENTB_NEXT(write, "GLIBC_2.2.5")(fd, buf, n);
+  if (!pcientb::cm::any_channel() || !(pcientb::cm::known_channel(fd) || command_shaped(buf, n)))
+    return PCIENTB_NEXT(write, "GLIBC_2.2.5")(fd, buf, n);
+  // A command holds the channel's file from its first step, as the kernel's write() does: a
+  // thread that closes the descriptor meanwhile (rping's main thread, while its event
+  // thread asks for the next event) neither fails nor ends it. Closed before: EBADF.
+  const int held = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (held < 0 && errno != EMFILE) return -1;
+  ssize_t r;
+  if (pcientb::cm::is_channel(held >= 0 ? held : fd)) {
+    r = pcientb::cm::execute(fd, held, buf, n);
+  } else {
+    r = PCIENTB_NEXT(write, "GLIBC_2.2.5")(fd, buf, n);
+  }
+  if (held >= 0) {
+    const int err = errno;
+    close(held);  // after the command: the last reference may end the channel
+    errno = err;
+  }
+  return r;
 }
 
 PCIENTB_EXPORT int close(int fd) {

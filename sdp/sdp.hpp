@@ -353,8 +353,9 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t cancel_req = 0;     // this side's cancel request (in its acks)
   uint64_t peer_cancel = 0, peer_cancel_bytes = 0;  // the peer's answer
 
-  int error = 0;           // sticky: ECONNRESET/EPIPE once the connection broke
-  bool peer_gone = false;  // the kernel socket saw the peer's end
+  int error = 0;                 // sticky: ECONNRESET/EPIPE once the connection broke
+  bool peer_gone = false;        // the kernel socket saw the peer's end
+  int64_t peer_checked_ms = -1;  // when an empty non-blocking receive last looked at it
 
   pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0, 0, 0};
   const char *reason = "";

@@ -322,6 +322,19 @@ void progress(Sock &s) {
   if (s.ack_wanted || s.polled - s.acked_polled >= l.recv_depth / 4) send_ack(s);
 }
 
+// A busy poller must learn of a peer that died without a FIN, but a system call per empty
+// non-blocking receive doubles the cost of every read-until-EAGAIN loop (an event-driven
+// server ends each read so): one look per tick of the coarse clock (1-4 ms). Blocking
+// waits and poll/select/epoll watch the kernel socket themselves.
+bool peer_check_due(Sock &s) {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  const int64_t ms = int64_t(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+  if (ms == s.peer_checked_ms) return false;
+  s.peer_checked_ms = ms;
+  return true;
+}
+
 // The kernel socket of an SDP connection carries nothing after the handshake: readable
 // means the peer's process closed it, or died; or, when it holds data, that a process the
 // peer forked writes there, and the peer's REVERT follows (stream_revert).
@@ -1023,7 +1036,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     }
     if (!block) {
       if (got) return ssize_t(got);
-      check_peer(s);  // a busy poller must learn of a peer that died without a FIN
+      if (peer_check_due(s)) check_peer(s);
       if (s.peer_gone && s.rx_pos == s.rx_produced) {
         set_error(s, s.peer_fin || s.fin_arrived ? EPIPE : ECONNRESET);
         if (s.error == ECONNRESET) {

@@ -35,8 +35,9 @@ Cases (two processes each unless said otherwise):
                    (-P 2), -J figures checked, the bytes in the provider's counters
   rsockets.sockperf  sockperf ping-pong and throughput (TCP) under --rsockets
   rsockets.compat  libpcientb-rscompat.so alone leaves kernel sockets as they are:
-                   AF_UNIX keeps EISCONN and EOPNOTSUPP, select() on pipes and TCP
-                   sockets reports, times out and fails (EBADF) as the kernel's
+                   AF_UNIX keeps EISCONN and EOPNOTSUPP, select() and poll() on pipes
+                   and TCP sockets report, time out and fail (EBADF) as the kernel's,
+                   also waits long enough to go in slices, with and without a timeout
   io_demo          UCX's io_demo (ucx-utils) over UCX's rdmacm connection manager on
                    rc_verbs: 8 KiB writes, then writes and reads of 1 B to 1 MiB (eager
                    and rendezvous) with the TAG API and with the AM API and -z, the data
@@ -192,7 +193,7 @@ def rsockets_sockperf(loop):
 
 
 COMPAT_CHECK = r"""
-import errno, os, select, socket, time
+import errno, os, select, socket, threading, time
 def fails(fn, code):
     try:
         fn()
@@ -210,6 +211,29 @@ assert select.select([r], [], [], 0.2) == ([], [], [])
 assert time.monotonic() - t0 >= 0.2
 os.write(w, b"y")
 assert select.select([r], [], [], 5) == ([r], [], [])
+os.read(r, 1)
+# Waits long enough to be cut in slices (librspreload's placeholder, /dev/null, in the set
+# makes it look like an rsocket; asked for POLLPRI it is never ready): without a timeout
+# and with one, select and poll.
+devnull = os.open("/dev/null", os.O_RDONLY)
+def write_later():
+    time.sleep(0.1)
+    os.write(w, b"z")
+for wait in (lambda: select.select([r], [], [devnull]),
+             lambda: select.select([r], [], [devnull], 10)[0]):
+    threading.Thread(target=write_later).start()
+    t0 = time.monotonic()
+    got = wait()
+    assert got in (([r], [], []), [r]), got
+    assert time.monotonic() - t0 >= 0.09
+    os.read(r, 1)
+p = select.poll()
+p.register(r, select.POLLIN)
+p.register(devnull, select.POLLPRI)
+t0 = time.monotonic()
+assert p.poll(50) == [] and time.monotonic() - t0 >= 0.05
+threading.Thread(target=write_later).start()
+assert p.poll() == [(r, select.POLLIN)]
 os.read(r, 1)
 os.close(w)
 fails(lambda: select.select([w], [], [], 0), errno.EBADF)
