@@ -15,9 +15,18 @@
  *   pcientb-ivshmem/<device>/heartbeat (0 or 1) stops and restarts a port's heartbeat, to
  *   test that without killing a guest.
  * - The memory window is an ivshmem-plain device that maps the RAM behind the peer (in a
- *   one-guest test, the guest's own RAM file): BAR offset = the peer's physical address, as
- *   an NT window whose inbound translation covers all memory. mw_set_trans publishes the
- *   inbound address and size; the peer's outbound window starts there.
+ *   one-guest test, the guest's own RAM file): BAR offset = the peer's physical address
+ *   (below the PCI hole, without an IOMMU: DMA address = physical address), as an NT window
+ *   whose inbound translation covers all memory. mw_set_trans publishes the inbound address
+ *   and size; the peer's outbound window starts there, so unlike an NT port's aperture it
+ *   moves with the peer's translation and exists only once the peer has set one. And it
+ *   cannot be revoked: a peer that mapped it can write there after mw_clear_trans. Clients
+ *   free a window only when the peer is done with it or gone.
+ * - Events (link, doorbells) always come from the interrupt handler or the heartbeat, never
+ *   from within an ops call: enabling the link or unmasking a pending doorbell rings this
+ *   port's own vector.
+ * - Only with the module parameter ivshmem=1: ivshmem devices serve other purposes, and
+ *   this driver writes their shared memory.
  */
 #include <linux/module.h>
 #include <linux/debugfs.h>
@@ -28,6 +37,10 @@
 #include <linux/ntb.h>
 
 #include "pcientb.h"
+
+static bool ivshmem;
+module_param(ivshmem, bool, 0444);
+MODULE_PARM_DESC(ivshmem, "Drive QEMU ivshmem devices as NTB ports (test guests)");
 
 #define IVS_VENDOR 0x1af4
 #define IVS_DEVICE 0x1110
@@ -42,7 +55,7 @@
 #define IVS_SPADS 16
 #define IVS_MAGIC 0x70636e74 /* "pcnt" */
 #define IVS_BEAT_MS 50
-#define IVS_DEAD_BEATS 20
+#define IVS_DEAD_BEATS 60 /* 3 s: a TCG guest on a busy host can stall for a second */
 
 /* One port's part of the shared BAR2, written by its owner only. */
 struct ivs_port_area {
@@ -98,6 +111,12 @@ static void ring(struct ivs_port *p, int vector)
 	iowrite32(((p->id ^ 1) << 16) | vector, p->regs + IVS_REG_DOORBELL);
 }
 
+/* An event for this port, delivered by its own interrupt handler. */
+static void ring_self(struct ivs_port *p, int vector)
+{
+	iowrite32((p->id << 16) | vector, p->regs + IVS_REG_DOORBELL);
+}
+
 static u64 ivs_link_is_up(struct ntb_dev *ntb, enum ntb_speed *speed, enum ntb_width *width)
 {
 	struct ivs_port *p = to_port(ntb);
@@ -117,7 +136,7 @@ static int ivs_link_enable(struct ntb_dev *ntb, enum ntb_speed max_speed, enum n
 
 	iowrite32(IVS_MAGIC, &own_area(p)->magic);
 	ring(p, IVS_LINK_VECTOR);
-	ntb_link_event(ntb);
+	ring_self(p, IVS_LINK_VECTOR);
 	return 0;
 }
 
@@ -127,27 +146,36 @@ static int ivs_link_disable(struct ntb_dev *ntb)
 
 	iowrite32(0, &own_area(p)->magic);
 	ring(p, IVS_LINK_VECTOR);
-	ntb_link_event(ntb);
+	ring_self(p, IVS_LINK_VECTOR);
 	return 0;
+}
+
+/* The window's BAR length, 0 without a window device (read once per call). */
+static resource_size_t window_len(void)
+{
+	struct pci_dev *w = READ_ONCE(ivs_window);
+
+	return w ? pci_resource_len(w, 2) : 0;
 }
 
 static int ivs_mw_count(struct ntb_dev *ntb, int pidx)
 {
-	return pidx == 0 && ivs_window ? 1 : 0;
+	return pidx == 0 && window_len() ? 1 : 0;
 }
 
 static int ivs_mw_get_align(struct ntb_dev *ntb, int pidx, int widx, resource_size_t *addr_align,
 			    resource_size_t *size_align, resource_size_t *size_max)
 {
-	if (pidx != 0 || widx != 0 || !ivs_window)
+	resource_size_t len = window_len();
+
+	if (pidx != 0 || widx != 0 || !len)
 		return -EINVAL;
 	if (addr_align)
 		*addr_align = PAGE_SIZE;
 	if (size_align)
 		*size_align = PAGE_SIZE;
 	if (size_max)
-		*size_max = min_t(resource_size_t, pci_resource_len(ivs_window, 2),
-				  U32_MAX & PAGE_MASK);
+		*size_max = min_t(resource_size_t, len, U32_MAX & PAGE_MASK);
 	return 0;
 }
 
@@ -160,8 +188,8 @@ static int ivs_mw_set_trans(struct ntb_dev *ntb, int pidx, int widx, dma_addr_t 
 	if (ivs_mw_get_align(ntb, pidx, widx, NULL, NULL, &max))
 		return -EINVAL;
 	/* The peer's window maps this RAM from address 0, as far as ours maps the peer's. */
-	if (!IS_ALIGNED(addr, PAGE_SIZE) || !IS_ALIGNED(size, PAGE_SIZE) || size > max ||
-	    addr > pci_resource_len(ivs_window, 2) - size)
+	if (!IS_ALIGNED(addr, PAGE_SIZE) || !IS_ALIGNED(size, PAGE_SIZE) || !size || size > max ||
+	    addr > window_len() - size)
 		return -EINVAL;
 	iowrite32(0, &own_area(p)->mw_size);
 	iowrite32(lower_32_bits(addr), &own_area(p)->mw_lo);
@@ -180,7 +208,7 @@ static int ivs_mw_clear_trans(struct ntb_dev *ntb, int pidx, int widx)
 
 static int ivs_peer_mw_count(struct ntb_dev *ntb)
 {
-	return ivs_window ? 1 : 0;
+	return window_len() ? 1 : 0;
 }
 
 /* The outbound window: the peer's inbound translation, once the peer has set one. */
@@ -188,17 +216,22 @@ static int ivs_peer_mw_get_addr(struct ntb_dev *ntb, int widx, phys_addr_t *base
 				resource_size_t *size)
 {
 	struct ivs_port_area __iomem *peer = peer_area(to_port(ntb));
+	struct pci_dev *w = READ_ONCE(ivs_window);
+	resource_size_t bar;
 	u32 len;
 	u64 addr;
 
-	if (widx != 0 || !ivs_window)
+	if (widx != 0 || !w)
 		return -EINVAL;
+	bar = pci_resource_len(w, 2);
+	/* The peer writes size 0, the address, then the size: a size read before and after
+	 * the address that agree make a consistent pair. */
 	len = ioread32(&peer->mw_size);
 	addr = ((u64)ioread32(&peer->mw_hi) << 32) | ioread32(&peer->mw_lo);
-	if (!len || addr + len > pci_resource_len(ivs_window, 2))
+	if (!len || ioread32(&peer->mw_size) != len || len > bar || addr > bar - len)
 		return -ENOLINK;
 	if (base)
-		*base = pci_resource_start(ivs_window, 2) + addr;
+		*base = pci_resource_start(w, 2) + addr;
 	if (size)
 		*size = len;
 	return 0;
@@ -263,13 +296,13 @@ static int ivs_db_clear_mask(struct ntb_dev *ntb, u64 db_bits)
 	if (db_bits & ~ivs_db_valid_mask(ntb))
 		return -EINVAL;
 	spin_lock_irqsave(&p->db_lock, flags);
+	fire = p->db_pending & db_bits & p->db_mask;
 	p->db_mask &= ~db_bits;
-	fire = p->db_pending & db_bits;
 	spin_unlock_irqrestore(&p->db_lock, flags);
-	/* What came while masked is reported now, as a hardware doorbell would interrupt. */
+	/* What came while masked interrupts now, as a hardware doorbell would. */
 	for (v = 0; v < IVS_DB_BITS; v++)
 		if (fire & BIT_ULL(v))
-			ntb_db_event(ntb, v);
+			ring_self(p, v);
 	return 0;
 }
 
@@ -430,27 +463,33 @@ static int ivs_probe_port(struct pci_dev *pdev)
 		dev_err(&pdev->dev, "ivshmem peer number %u: only 0 and 1 make a pair\n", p->id);
 		return -ENODEV;
 	}
+	/* What an earlier driver left (a guest that died with its link up) says nothing now;
+	 * and only a heartbeat that moves from here on makes the peer alive. */
+	memset_io(own_area(p), 0, sizeof(struct ivs_port_area));
+	p->peer_beat = ioread32(&peer_area(p)->beat);
 	spin_lock_init(&p->db_lock);
 	INIT_DELAYED_WORK(&p->beat_work, ivs_beat);
 	p->beating = true;
 	p->ntb.pdev = pdev;
+	p->ntb.topo = p->id ? NTB_TOPO_B2B_DSD : NTB_TOPO_B2B_USD;
+	p->ntb.ops = &ivs_ops;
+	pci_set_drvdata(pdev, p);
 	/* MSI-X messages are DMA writes: without bus mastering QEMU drops them. */
 	pci_set_master(pdev);
 	rc = pci_alloc_irq_vectors(pdev, IVS_VECTORS, IVS_VECTORS, PCI_IRQ_MSIX);
 	if (rc < 0)
 		return rc;
-	for (v = 0; v < IVS_VECTORS; v++) {
-		rc = request_irq(pci_irq_vector(pdev, v), ivs_irq, 0, "pcientb-ivshmem", p);
-		if (rc)
-			goto free_vectors;
-		p->irq[v] = pci_irq_vector(pdev, v);
-	}
-	p->ntb.topo = p->id ? NTB_TOPO_B2B_DSD : NTB_TOPO_B2B_USD;
-	p->ntb.ops = &ivs_ops;
-	pci_set_drvdata(pdev, p);
+	/* The core first, so that no event finds it uninitialised; what rings meanwhile waits
+	 * in the vector's pending bit until its handler is there. */
 	rc = ntb_register_device(&p->ntb);
 	if (rc)
 		goto free_vectors;
+	for (v = 0; v < IVS_VECTORS; v++) {
+		rc = request_irq(pci_irq_vector(pdev, v), ivs_irq, 0, "pcientb-ivshmem", p);
+		if (rc)
+			goto unregister;
+		p->irq[v] = pci_irq_vector(pdev, v);
+	}
 	schedule_delayed_work(&p->beat_work, 0);
 	p->dir = debugfs_create_dir(pci_name(pdev), ivs_debug_root);
 	debugfs_create_file_unsafe("heartbeat", 0600, p->dir, p, &heartbeat_fops);
@@ -458,6 +497,8 @@ static int ivs_probe_port(struct pci_dev *pdev)
 		 (unsigned long long)pci_resource_len(pdev, 2) >> 10);
 	return 0;
 
+unregister:
+	ntb_unregister_device(&p->ntb);
 free_vectors:
 	ivs_free_irqs(p);
 	return rc;
@@ -474,9 +515,12 @@ static int ivs_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	/* The doorbell variant has MSI-X (BAR1); the plain one is the memory window. */
 	doorbell = pci_resource_len(pdev, 1) != 0;
 	if (!doorbell) {
-		if (ivs_window)
+		if (READ_ONCE(ivs_window))
 			return -EBUSY;
-		ivs_window = pdev;
+		rc = pci_request_region(pdev, 2, "pcientb-ivshmem");
+		if (rc)
+			return rc;
+		WRITE_ONCE(ivs_window, pdev);
 		dev_info(&pdev->dev, "NTB memory window over ivshmem, %llu MiB\n",
 			 (unsigned long long)pci_resource_len(pdev, 2) >> 20);
 		return 0;
@@ -492,19 +536,19 @@ static void ivs_remove(struct pci_dev *pdev)
 	struct ivs_port *p = pci_get_drvdata(pdev);
 
 	if (!p) {
-		if (ivs_window == pdev)
-			ivs_window = NULL;
+		if (READ_ONCE(ivs_window) == pdev)
+			WRITE_ONCE(ivs_window, NULL);
 		return;
 	}
 	debugfs_remove_recursive(p->dir);
 	ntb_unregister_device(&p->ntb);
 	cancel_delayed_work_sync(&p->beat_work);
-	iowrite32(0, &own_area(p)->magic);
+	memset_io(own_area(p), 0, sizeof(struct ivs_port_area));
 	ivs_free_irqs(p);
 }
 
+/* No MODULE_DEVICE_TABLE: an ivshmem device must not load this module by itself. */
 static const struct pci_device_id ivs_ids[] = { { PCI_DEVICE(IVS_VENDOR, IVS_DEVICE) }, { 0 } };
-MODULE_DEVICE_TABLE(pci, ivs_ids);
 
 static struct pci_driver ivs_driver = {
 	.name = "pcientb-ivshmem",
@@ -517,15 +561,21 @@ int pcientb_ivshmem_init(void)
 {
 	int rc;
 
+	if (!ivshmem)
+		return 0;
 	ivs_debug_root = debugfs_create_dir("pcientb-ivshmem", NULL);
 	rc = pci_register_driver(&ivs_driver);
-	if (rc)
+	if (rc) {
 		debugfs_remove_recursive(ivs_debug_root);
+		ivshmem = false;
+	}
 	return rc;
 }
 
 void pcientb_ivshmem_exit(void)
 {
+	if (!ivshmem)
+		return;
 	pci_unregister_driver(&ivs_driver);
 	debugfs_remove_recursive(ivs_debug_root);
 }

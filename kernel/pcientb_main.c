@@ -47,6 +47,8 @@ struct pcientb_port {
 	atomic_t db_events[BITS_PER_LONG];
 	atomic_t link_events;
 	wait_queue_head_t wq;
+	bool dying; /* being removed: waits end */
+	struct list_head kept; /* windows a peer may still write: freed at removal */
 };
 
 static DEFINE_MUTEX(ports_lock);
@@ -94,6 +96,11 @@ static bool link_up(struct pcientb_port *p)
 	return ntb_link_is_up(p->ntb, NULL, NULL) != 0;
 }
 
+/* Waits until `cond`, the port's removal or `ms`; whether `cond` holds. */
+#define wait_port(port, cond, ms)                                                                  \
+	(wait_event_timeout((port)->wq, (cond) || READ_ONCE((port)->dying), msecs_to_jiffies(ms)), \
+	 (cond))
+
 static int selftest_spads(struct seq_file *s, struct pcientb_port *a, struct pcientb_port *b)
 {
 	u32 token = get_random_u32();
@@ -117,8 +124,7 @@ static s64 ring_peer(struct pcientb_port *a, struct pcientb_port *b)
 	ktime_t t0 = ktime_get();
 
 	ntb_peer_db_set(a->ntb, BIT_ULL(0));
-	if (!wait_event_timeout(b->wq, atomic_read(&b->db_events[0]) != before,
-				msecs_to_jiffies(PCIENTB_WAIT_MS)))
+	if (!wait_port(b, atomic_read(&b->db_events[0]) != before, PCIENTB_WAIT_MS))
 		return -1;
 	return ktime_us_delta(ktime_get(), t0);
 }
@@ -207,8 +213,7 @@ static int selftest_show(struct seq_file *s, void *unused)
 		rc = 0;
 		goto out;
 	}
-	if (!wait_event_timeout(a->wq, link_up(a), msecs_to_jiffies(PCIENTB_WAIT_MS)) ||
-	    !link_up(b)) {
+	if (!wait_port(a, link_up(a), PCIENTB_WAIT_MS) || !link_up(b)) {
 		seq_puts(s, "FAIL link: not up on both ports\n");
 		goto out;
 	}
@@ -233,34 +238,55 @@ static u32 remote_word(int port, size_t i)
 
 /* An inbound window the peer may write: set, and announced in a scratchpad. */
 struct window {
+	struct list_head node;
 	struct ntb_dev *ntb;
 	u8 *buf;
 	dma_addr_t dma;
 	size_t size;
 };
 
-static int window_open(struct window *w, struct ntb_dev *ntb, size_t size, u32 tag)
+static struct window *window_open(struct ntb_dev *ntb, size_t size, u32 tag)
 {
+	struct window *w = kzalloc(sizeof(*w), GFP_KERNEL);
+
+	if (!w)
+		return NULL;
 	w->ntb = ntb;
 	w->size = size;
 	w->buf = dma_alloc_coherent(&ntb->pdev->dev, size, &w->dma, GFP_KERNEL);
 	if (!w->buf)
-		return -ENOMEM;
+		goto free;
 	memset(w->buf, 0, size);
-	if (ntb_mw_set_trans(ntb, 0, 0, w->dma, size)) {
-		dma_free_coherent(&ntb->pdev->dev, size, w->buf, w->dma);
-		return -EIO;
-	}
+	if (ntb_mw_set_trans(ntb, 0, 0, w->dma, size))
+		goto free_buf;
 	ntb_spad_write(ntb, PCIENTB_SPAD_WINDOW, tag);
-	return 0;
+	return w;
+free_buf:
+	dma_free_coherent(&ntb->pdev->dev, size, w->buf, w->dma);
+free:
+	kfree(w);
+	return NULL;
 }
 
-/* Only once the peer can no longer write it (it said so, or its link is down). */
+/*
+ * Only once the peer is done with it: a window cannot be revoked from a peer that mapped it
+ * (ntb_ivshmem.c), so one the peer may still write is kept instead (window_keep).
+ */
 static void window_close(struct window *w)
 {
 	ntb_spad_write(w->ntb, PCIENTB_SPAD_WINDOW, 0);
 	ntb_mw_clear_trans(w->ntb, 0, 0);
 	dma_free_coherent(&w->ntb->pdev->dev, w->size, w->buf, w->dma);
+	kfree(w);
+}
+
+/* No new peer takes it; its memory stays until the port goes. */
+static void window_keep(struct pcientb_port *port, struct window *w)
+{
+	ntb_spad_write(w->ntb, PCIENTB_SPAD_WINDOW, 0);
+	mutex_lock(&ports_lock);
+	list_add(&w->node, &port->kept);
+	mutex_unlock(&ports_lock);
 }
 
 /* The peer's window `tag`, once the link is up and the peer has announced it. */
@@ -272,7 +298,7 @@ static void __iomem *peer_window(struct pcientb_port *p, size_t size, u32 tag)
 
 	while (!link_up(p) || ntb_peer_spad_read(p->ntb, 0, PCIENTB_SPAD_WINDOW) != tag ||
 	       ntb_peer_mw_get_addr(p->ntb, 0, &base, &got) || got < size) {
-		if (time_after(jiffies, end))
+		if (time_after(jiffies, end) || READ_ONCE(p->dying))
 			return NULL;
 		msleep(10);
 	}
@@ -294,37 +320,41 @@ static int remote_show(struct seq_file *s, void *unused)
 	int peer = ntb_peer_port_number(a->ntb, 0);
 	int before = atomic_read(&a->db_events[1]);
 	void __iomem *out;
-	struct window w;
+	struct window *w;
 	size_t i;
 
-	if (window_open(&w, a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_REMOTE)) {
+	w = window_open(a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_REMOTE);
+	if (!w) {
 		seq_puts(s, "FAIL window: cannot set the inbound window\n");
 		return 0;
 	}
-	out = peer_window(a, w.size, PCIENTB_WINDOW_REMOTE);
+	out = peer_window(a, w->size, PCIENTB_WINDOW_REMOTE);
 	if (!out) {
 		seq_puts(s, "FAIL link: no link, or the peer announced no window\n");
-		goto close;
+		goto keep;
 	}
-	fill_window(out, ntb_port_number(a->ntb), w.size);
+	fill_window(out, ntb_port_number(a->ntb), w->size);
 	iounmap(out);
 	ntb_peer_db_set(a->ntb, BIT_ULL(1));
-	if (!wait_event_timeout(a->wq, atomic_read(&a->db_events[1]) != before,
-				msecs_to_jiffies(PCIENTB_REMOTE_WAIT_MS))) {
+	if (!wait_port(a, atomic_read(&a->db_events[1]) != before, PCIENTB_REMOTE_WAIT_MS)) {
 		seq_puts(s, "FAIL doorbell: the peer never rang\n");
-		goto close;
+		goto keep;
 	}
-	for (i = 0; i < w.size; i += 4) {
-		if (*(u32 *)(w.buf + i) != remote_word(peer, i)) {
+	/* The peer rang after its write, and writes nothing more here. */
+	for (i = 0; i < w->size; i += 4) {
+		if (*(u32 *)(w->buf + i) != remote_word(peer, i)) {
 			seq_printf(s, "FAIL window: byte %zu of what the peer wrote differs\n", i);
-			goto close;
+			break;
 		}
 	}
-	seq_printf(s, "ok   %zu KiB each way through the windows, a doorbell each way\nPASS\n",
-		   w.size >> 10);
-close:
-	/* The peer rang after its write, and writes nothing more here. */
-	window_close(&w);
+	if (i == w->size)
+		seq_printf(s,
+			   "ok   %zu KiB each way through the windows, a doorbell each way\nPASS\n",
+			   w->size >> 10);
+	window_close(w);
+	return 0;
+keep:
+	window_keep(a, w);
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(remote);
@@ -333,20 +363,21 @@ static int sink_show(struct seq_file *s, void *unused)
 {
 	struct pcientb_port *a = s->private;
 	int writes = atomic_read(&a->db_events[1]);
-	struct window w;
+	struct window *w;
 
-	if (window_open(&w, a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_SINK)) {
+	w = window_open(a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_SINK);
+	if (!w) {
 		seq_puts(s, "FAIL window: cannot set the inbound window\n");
 		return 0;
 	}
-	if (!wait_event_timeout(a->wq, link_up(a), msecs_to_jiffies(PCIENTB_REMOTE_WAIT_MS)) ||
-	    !wait_event_timeout(a->wq, !link_up(a), msecs_to_jiffies(PCIENTB_REMOTE_WAIT_MS)))
+	if (!wait_port(a, link_up(a), PCIENTB_REMOTE_WAIT_MS) ||
+	    !wait_port(a, !link_up(a), PCIENTB_REMOTE_WAIT_MS) || READ_ONCE(a->dying))
 		seq_puts(s, "FAIL link: did not go up, then down\n");
 	else
 		seq_printf(s, "ok   link down after %d doorbells of the source\n",
 			   atomic_read(&a->db_events[1]) - writes);
-	/* A peer whose link is down writes nothing (here: its guest is gone). */
-	window_close(&w);
+	/* Down on this side only (a stalled peer), the peer may still write. */
+	window_keep(a, w);
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(sink);
@@ -362,7 +393,7 @@ static int source_show(struct seq_file *s, void *unused)
 		return 0;
 	}
 	pr_info("pcientb: %s: streaming to the peer\n", dev_name(&a->ntb->dev));
-	while (link_up(a) && !signal_pending(current)) {
+	while (link_up(a) && !READ_ONCE(a->dying) && !signal_pending(current)) {
 		fill_window(out, ntb_port_number(a->ntb), PCIENTB_SELFTEST_BYTES);
 		ntb_peer_db_set(a->ntb, BIT_ULL(1));
 		n++;
@@ -394,6 +425,7 @@ static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 		return -ENOMEM;
 	port->ntb = ntb;
 	init_waitqueue_head(&port->wq);
+	INIT_LIST_HEAD(&port->kept);
 	rc = ntb_set_ctx(ntb, port, &port_ctx_ops);
 	if (rc) {
 		kfree(port);
@@ -415,13 +447,19 @@ static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 static void pcientb_remove(struct ntb_client *client, struct ntb_dev *ntb)
 {
 	struct pcientb_port *port = ntb->ctx;
+	struct window *w, *next;
 
+	/* Readers of the debugfs files stop waiting; removing the files waits for them. */
+	WRITE_ONCE(port->dying, true);
+	wake_up_all(&port->wq);
+	debugfs_remove_recursive(port->dir);
 	ntb_link_disable(ntb);
 	ntb_clear_ctx(ntb);
-	debugfs_remove_recursive(port->dir);
 	mutex_lock(&ports_lock);
 	list_del(&port->node);
 	mutex_unlock(&ports_lock);
+	list_for_each_entry_safe(w, next, &port->kept, node)
+		window_close(w);
 	kfree(port);
 }
 

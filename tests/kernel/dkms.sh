@@ -24,6 +24,12 @@ dkms=(dkms --sourcetree "$t/src" --dkmstree "$t/tree")
   cat "$t/tree/pcientb/$version/build/make.log" 2>/dev/null
   exit 1
 }
+log="$t/tree/pcientb/$version/build/make.log"
+if [[ -f "$log" ]] && grep -qiE "warning:|error:" "$log"; then
+  cat "$log"
+  echo "kernel.dkms: the DKMS build printed warnings"
+  exit 1
+fi
 ko="$t/tree/pcientb/$version/$kver/$(uname -m)/module/pcientb.ko"
 [[ -f "$ko" ]] || { echo "kernel.dkms: DKMS built no $ko"; exit 1; }
 echo "kernel.dkms: DKMS built pcientb $version for $kver"

@@ -33,6 +33,7 @@ say() { echo "MARK $*"; }
 show() { sed "s/^/MARK   /" "$1"; }
 check_dmesg() {
   bad="WARNING:|BUG:|Oops|Call Trace|general protection|UBSAN|KASAN|kmemleak|corruption"
+  bad="$bad|INFO: task|Poison overwritten|Redzone|Object padding"
   dmesg | grep -E "$bad|pcientb.*(error|fail)" | grep -v "module verification failed" |
     sed "s/^/MARK dmesg: /"
 }
@@ -95,7 +96,10 @@ def qemu_argv(kernel, image, ram, window, doorbells, append=""):
     backing = f"size={GUEST_RAM_MB}M,share=on,mem-path="
     argv = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "1",
             "-m", f"{GUEST_RAM_MB}M", "-nographic", "-no-reboot", "-kernel", kernel,
-            "-initrd", image, "-append", f"console=ttyS0 quiet panic=-1 {append}".strip(),
+            "-initrd", image,
+            # SLUB checks and poisoning: Debian's kernel has no KASAN or lockdep.
+            "-append", " ".join(["console=ttyS0 quiet panic=-1 slub_debug=FZPU init_on_free=1",
+                                 append]).strip(),
             "-object", f"memory-backend-file,id=ram,{backing}{ram}",
             "-machine", "pc,memory-backend=ram",
             "-object", f"memory-backend-file,id=win,{backing}{window}",
@@ -123,7 +127,9 @@ def workspace(doc, init_body, prefix):
     ko = os.path.abspath(args[0])
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
     kernel = check_host(ko)
-    work = keep or tempfile.mkdtemp(prefix=prefix)
+    # The guests' RAM files: in memory, not written back to a disk.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    work = keep or tempfile.mkdtemp(prefix=prefix, dir=shm)
     os.makedirs(work, exist_ok=True)
     server = None
     try:

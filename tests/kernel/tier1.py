@@ -28,7 +28,7 @@ import guest  # noqa: E402
 from guest import fail  # noqa: E402
 
 INIT = r"""
-if insmod /pcientb.ko; then say "insmod ok"; else say "insmod failed"; fi
+if insmod /pcientb.ko ivshmem=1; then say "insmod ok"; else say "insmod failed"; fi
 for d in /sys/kernel/debug/pcientb/*/; do
   say "selftest $(basename "$d")"
   show "$d/selftest"
@@ -37,24 +37,26 @@ done
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
 first=$(basename "$1"); second=$(basename "$2")
-link() { say "link $1 $(cat /sys/kernel/debug/pcientb/$first/link)"; }
-link before
+state() { cut -d" " -f1 /sys/kernel/debug/pcientb/$first/link; }
+# Reports port 0's link once it is $2 (10 s at most: a TCG guest can be slow).
+link() {
+  i=0
+  while [ "$(state)" != "$2" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+  say "link $1 $(cat /sys/kernel/debug/pcientb/$first/link)"
+}
+link before up
 echo "${second#ntb-}" > $drv/unbind
-sleep 1
-link "after unbind"
+link "after unbind" down
 echo "${second#ntb-}" > $drv/bind
-sleep 1
-link "after bind"
+link "after bind" up
 say "selftest again $first"
 show /sys/kernel/debug/pcientb/$first/selftest
 # A peer that stops without a word (its host died): port 1's heartbeat stops.
 beat=/sys/kernel/debug/pcientb-ivshmem/${second#ntb-}/heartbeat
 echo 0 > $beat
-sleep 2
-link "after silence"
+link "after silence" down
 echo 1 > $beat
-sleep 1
-link "after heartbeat"
+link "after heartbeat" up
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
 check_dmesg
 say "done"

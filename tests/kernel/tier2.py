@@ -10,8 +10,8 @@ and 1). Both load pcientb.ko and read their port's debugfs "remote" at once (eac
 64 KiB through its window into the other's buffer, rings, and checks what the other
 wrote). Then guest A reads "sink" (keeps a window open until the link goes down) and guest
 B reads "source" (writes through it and rings, in a loop); the host kills B's QEMU
-mid-stream. Checks: both "remote" PASS; A's link goes down within 5 s of the kill (its
-heartbeat timeout is 1 s), after B's doorbells arrived; A unloads the module, and its dmesg
+mid-stream. Checks: both "remote" PASS; A's link goes down after the kill, within 10 s
+(its heartbeat timeout is 3 s), after B's doorbells arrived; A unloads the module, and its dmesg
 holds no warning. Exit 0 pass, 1 fail, 77 skip (as tier1.py).
 """
 
@@ -27,7 +27,7 @@ import guest  # noqa: E402
 from guest import fail  # noqa: E402
 
 INIT = r"""
-if insmod /pcientb.ko; then say "insmod ok"; else say "insmod failed"; fi
+if insmod /pcientb.ko ivshmem=1; then say "insmod ok"; else say "insmod failed"; fi
 d=$(echo /sys/kernel/debug/pcientb/*/)
 say "remote $(basename "$d")"
 show "$d/remote"
@@ -42,7 +42,7 @@ poweroff -f
 """
 
 KILL_AFTER_S = 1.5  # of streaming
-DOWN_WITHIN_S = 5.0
+DOWN_WITHIN_S = 10.0  # the heartbeat's 3 s, and a TCG guest's delays
 
 
 class Guest:
@@ -121,8 +121,10 @@ def run_guests(w, guests):
     killed = None
     if streaming is not None:
         time.sleep(KILL_AFTER_S)
-        b.p.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
+        if b.p.poll() is None and not any(l.startswith("ok   ") and "windows written" in l
+                                          for l in b.texts()):
+            b.p.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
     down = a.wait_line(lambda l: l.startswith("ok   link down"), 60)
     a.finish(60)
     b.finish(10)
@@ -135,13 +137,15 @@ def run_guests(w, guests):
         if g.texts().count("PASS") != 1:
             problems.append(f"guest {g.name}: 'remote' did not pass")
     if killed is None:
-        problems.append("guest B never streamed")
+        problems.append("guest B never streamed, or stopped before it was killed")
     elif down is None:
         problems.append("guest A never saw its link go down after B was killed")
     else:
         took = down - killed
         print(f"[kernel] A's link went down {took:.2f} s after B was killed")
-        if took > DOWN_WITHIN_S:
+        if took < 0:
+            problems.append(f"A's link went down {-took:.1f} s before B was killed")
+        elif took > DOWN_WITHIN_S:
             problems.append(f"A's link went down {took:.1f} s after the kill "
                             f"(at most {DOWN_WITHIN_S} s)")
     texts = a.texts()
