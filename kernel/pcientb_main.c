@@ -141,10 +141,27 @@ static int selftest_doorbell(struct seq_file *s, struct pcientb_port *a, struct 
 	return 0;
 }
 
+/*
+ * The bytes a window holding `want` bytes takes on this port: hardware windows come in
+ * units (a PEX8749 link BAR: a power of two of at least 1 MiB; an A-LUT entry). A
+ * power of two from dma_alloc_coherent is aligned to its size, so to the unit too.
+ * 0 when the window cannot be that large, or the link is down (the NTB API tells the
+ * alignment only then).
+ */
+static size_t window_bytes(struct ntb_dev *ntb, size_t want)
+{
+	resource_size_t addr_align = 1, size_align = 1, size_max = 0;
+
+	if (ntb_mw_get_align(ntb, 0, 0, &addr_align, &size_align, &size_max))
+		return 0;
+	want = roundup_pow_of_two(max3(want, (size_t)addr_align, (size_t)size_align));
+	return want <= size_max ? want : 0;
+}
+
 static int selftest_window(struct seq_file *s, struct pcientb_port *a, struct pcientb_port *b)
 {
 	struct device *dev = &b->ntb->pdev->dev;
-	resource_size_t size = PCIENTB_SELFTEST_BYTES;
+	size_t size = PCIENTB_SELFTEST_BYTES, win = window_bytes(b->ntb, size);
 	phys_addr_t base;
 	resource_size_t got;
 	void __iomem *out;
@@ -157,12 +174,16 @@ static int selftest_window(struct seq_file *s, struct pcientb_port *a, struct pc
 		seq_puts(s, "FAIL window: no memory window\n");
 		return -EIO;
 	}
-	in = dma_alloc_coherent(dev, size, &dma, GFP_KERNEL);
+	if (!win) {
+		seq_puts(s, "FAIL window: the port's window cannot hold the test\n");
+		return -EIO;
+	}
+	in = dma_alloc_coherent(dev, win, &dma, GFP_KERNEL);
 	if (!in)
 		return -ENOMEM;
-	memset(in, 0, size);
-	if (ntb_mw_set_trans(b->ntb, 0, 0, dma, size) ||
-	    ntb_peer_mw_get_addr(a->ntb, 0, &base, &got) || got != size) {
+	memset(in, 0, win);
+	if (ntb_mw_set_trans(b->ntb, 0, 0, dma, win) ||
+	    ntb_peer_mw_get_addr(a->ntb, 0, &base, &got) || got < win) {
 		seq_puts(
 			s,
 			"FAIL window: the translation set by one side is not the other's window\n");
@@ -197,7 +218,7 @@ static int selftest_window(struct seq_file *s, struct pcientb_port *a, struct pc
 clear:
 	ntb_mw_clear_trans(b->ntb, 0, 0);
 free:
-	dma_free_coherent(dev, size, in, dma);
+	dma_free_coherent(dev, win, in, dma);
 	return rc;
 }
 
@@ -213,7 +234,9 @@ static int selftest_show(struct seq_file *s, void *unused)
 		rc = 0;
 		goto out;
 	}
-	if (!wait_port(a, link_up(a), PCIENTB_WAIT_MS) || !link_up(b)) {
+	/* Each port hears of the link from its own events: both are waited for. */
+	if (!wait_port(a, link_up(a), PCIENTB_WAIT_MS) ||
+	    !wait_port(b, link_up(b), PCIENTB_WAIT_MS)) {
 		seq_puts(s, "FAIL link: not up on both ports\n");
 		goto out;
 	}
@@ -252,17 +275,19 @@ static struct window *window_open(struct ntb_dev *ntb, size_t size, u32 tag)
 	if (!w)
 		return NULL;
 	w->ntb = ntb;
-	w->size = size;
-	w->buf = dma_alloc_coherent(&ntb->pdev->dev, size, &w->dma, GFP_KERNEL);
+	w->size = window_bytes(ntb, size);
+	if (!w->size)
+		goto free;
+	w->buf = dma_alloc_coherent(&ntb->pdev->dev, w->size, &w->dma, GFP_KERNEL);
 	if (!w->buf)
 		goto free;
-	memset(w->buf, 0, size);
-	if (ntb_mw_set_trans(ntb, 0, 0, w->dma, size))
+	memset(w->buf, 0, w->size);
+	if (ntb_mw_set_trans(ntb, 0, 0, w->dma, w->size))
 		goto free_buf;
 	ntb_spad_write(ntb, PCIENTB_SPAD_WINDOW, tag);
 	return w;
 free_buf:
-	dma_free_coherent(&ntb->pdev->dev, size, w->buf, w->dma);
+	dma_free_coherent(&ntb->pdev->dev, w->size, w->buf, w->dma);
 free:
 	kfree(w);
 	return NULL;
@@ -323,6 +348,11 @@ static int remote_show(struct seq_file *s, void *unused)
 	struct window *w;
 	size_t i;
 
+	/* A window's size follows the port's alignment, known once the link is up. */
+	if (!wait_port(a, link_up(a), PCIENTB_REMOTE_WAIT_MS)) {
+		seq_puts(s, "FAIL link: not up\n");
+		return 0;
+	}
 	w = window_open(a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_REMOTE);
 	if (!w) {
 		seq_puts(s, "FAIL window: cannot set the inbound window\n");
@@ -365,14 +395,17 @@ static int sink_show(struct seq_file *s, void *unused)
 	int writes = atomic_read(&a->db_events[1]);
 	struct window *w;
 
+	if (!wait_port(a, link_up(a), PCIENTB_REMOTE_WAIT_MS)) {
+		seq_puts(s, "FAIL link: not up\n");
+		return 0;
+	}
 	w = window_open(a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_SINK);
 	if (!w) {
 		seq_puts(s, "FAIL window: cannot set the inbound window\n");
 		return 0;
 	}
-	if (!wait_port(a, link_up(a), PCIENTB_REMOTE_WAIT_MS) ||
-	    !wait_port(a, !link_up(a), PCIENTB_REMOTE_WAIT_MS) || READ_ONCE(a->dying))
-		seq_puts(s, "FAIL link: did not go up, then down\n");
+	if (!wait_port(a, !link_up(a), PCIENTB_REMOTE_WAIT_MS) || READ_ONCE(a->dying))
+		seq_puts(s, "FAIL link: did not go down\n");
 	else
 		seq_printf(s, "ok   link down after %d doorbells of the source\n",
 			   atomic_read(&a->db_events[1]) - writes);
@@ -479,11 +512,16 @@ static int __init pcientb_init(void)
 	if (rc)
 		goto err;
 	rc = pcientb_ivshmem_init();
+	if (rc)
+		goto client;
+	rc = pcientb_plx_init();
 	if (rc) {
-		ntb_unregister_client(&pcientb_client);
-		goto err;
+		pcientb_ivshmem_exit();
+		goto client;
 	}
 	return 0;
+client:
+	ntb_unregister_client(&pcientb_client);
 err:
 	debugfs_remove_recursive(debug_root);
 	return rc;
@@ -491,6 +529,7 @@ err:
 
 static void __exit pcientb_exit(void)
 {
+	pcientb_plx_exit();
 	pcientb_ivshmem_exit();
 	ntb_unregister_client(&pcientb_client);
 	debugfs_remove_recursive(debug_root);

@@ -1,0 +1,245 @@
+// The PEX8749 register model (plx_model.hpp), and plx_rd/plx_wr for kernel/plx_nt.c.
+#include "plx_model.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "plx_nt_user.h"
+
+namespace plx_model {
+namespace {
+constexpr uint32_t kDbSet = 0xc4c, kDbClear = 0xc50, kDbMaskSet = 0xc54, kDbMaskClear = 0xc58;
+constexpr uint32_t kLinkErr = 0xfe0, kLinkErrMask = 0xfe4, kAlutCtl = 0xc94;
+constexpr uint32_t kAlutOn = 0x10000000, kCmdMem = 0x2;
+constexpr uint32_t kAlutBase = 0x38000, kAlutEnd = 0x3c000;
+constexpr uint32_t kDlDown = 0x4;
+
+uint32_t port_control(int port) {
+  return ((static_cast<uint32_t>(port) & ~7u) << 12) + 0x208;
+}
+}  // namespace
+
+Chip::Chip(int ntx_, int port_, unsigned alut_bits, uint64_t ram_base_, size_t ram_size)
+    : ntx(ntx_), port(port_), ram_base(ram_base_), ram(ram_size), regs(kRegs / 4) {
+  regs[0x360 / 4] = (static_cast<uint32_t>(port) << (ntx ? 16 : 8)) | (alut_bits << 30);
+  regs[port_control(port) / 4] = 1u << (port & 7);  // the link starts disabled
+  regs[(nt_base() + kLinkErrMask) / 4] = 0xf;       // and its errors masked
+  for (int i = 0; i < 6; ++i) bar_map[i] = Mapping{this, i};
+}
+
+uint32_t Chip::read(uint32_t off) {
+  const uint32_t v = nt_base();
+  if (off == v + kDbSet || off == v + kDbClear) return db;
+  if (off == v + kDbMaskSet || off == v + kDbMaskClear) return db_mask;
+  if (off == v + kLinkErr) return link_err;
+  return regs[off / 4];
+}
+
+void Chip::write(uint32_t off, uint32_t val) {
+  const uint32_t v = nt_base();
+  writes.emplace_back(off, val);
+  if (off == v + kDbSet) {
+    db |= val & 0xffff;
+  } else if (off == v + kDbClear) {
+    db &= ~val;
+  } else if (off == v + kDbMaskSet) {
+    db_mask |= val & 0xffff;
+  } else if (off == v + kDbMaskClear) {
+    db_mask &= ~val;
+  } else if (off == v + kLinkErr) {
+    link_err &= ~val;
+  } else {
+    regs[off / 4] = val;
+    if (off == port_control(port) && fabric) fabric->update();
+  }
+}
+
+bool Chip::irq() const {
+  return (db & ~db_mask & 0xffff) || (link_err & ~reg(nt_base() + kLinkErrMask) & 0xf);
+}
+
+bool Chip::link_enabled() const {
+  return !(reg(port_control(port)) & (1u << (port & 7)));
+}
+
+void Chip::add_bar(int n, bool is64, uint64_t phys, uint64_t size) {
+  bars.push_back(Bar{n, is64, phys, size});
+}
+
+const Chip::Bar *Chip::bar(int n) const {
+  for (const Bar &b : bars)
+    if (b.bar == n) return &b;
+  return nullptr;
+}
+
+uint8_t *Chip::ram_at(uint64_t addr, size_t len) {
+  if (addr < ram_base || addr - ram_base > ram.size() || len > ram.size() - (addr - ram_base))
+    return nullptr;
+  return ram.data() + (addr - ram_base);
+}
+
+unsigned Chip::alut() const {
+  const uint32_t bits = reg(0x360) >> 30;
+  if (bits == 3) return 1;
+  return (bits & (1u << ntx)) ? 2 : 0;
+}
+
+// The link-to-virtual A-LUT: 256 entries in two blocks of 128 (the second 0x1000 on),
+// or, when both NTs have one, 128 entries in NTx's own block.
+uint32_t Chip::alut_reg(uint32_t e) const {
+  if (alut() == 2) return kAlutBase + 0x2000 + (e < 128 ? 4 * e : 0x1000 + 4 * (e - 128));
+  return kAlutBase + 0x1000 * (1 + 2 * static_cast<uint32_t>(ntx)) + 4 * e;
+}
+
+void Chip::reset_link_side() {
+  std::fill(regs.begin() + link_base() / 4, regs.begin() + (link_base() + 0x1000) / 4, 0);
+  std::fill(regs.begin() + kAlutBase / 4, regs.begin() + kAlutEnd / 4, 0);
+}
+
+bool Chip::host_write(int n, uint64_t off, const void *src, size_t len) {
+  return outbound(n, off, const_cast<void *>(src), len, true);
+}
+
+bool Chip::host_read(int n, uint64_t off, void *dst, size_t len) {
+  return outbound(n, off, dst, len, false);
+}
+
+bool Chip::outbound(int n, uint64_t off, void *dst, size_t len, bool write) {
+  const Bar *b = bar(n);
+  const uint32_t v = nt_base();
+  auto drop = [&] {
+    ++counts.dropped;
+    if (!write) std::memset(dst, 0xff, len);
+    return false;
+  };
+  if (!b || off > b->size || len > b->size - off) return drop();
+  // Out of this host only if the requester-ID LUT lets the root complex (0:0.0) out,
+  // the link is up and no outbound A-LUT is on (not modelled).
+  if (!(reg(v + 0xd94) & 1) || !fabric->link_up() || (reg(link_base() + kAlutCtl) & kAlutOn))
+    return drop();
+  uint64_t to = reg(v + 0xc3c + (n - 2) * 4);
+  if (b->is64) to |= uint64_t{reg(v + 0xc3c + (n - 2) * 4 + 4)} << 32;
+  if (!peer->inbound(to + off, dst, len, write)) return drop();
+  ++counts.delivered;
+  return true;
+}
+
+bool Chip::inbound(uint64_t addr, void *buf, size_t len, bool write) {
+  const uint32_t l = link_base(), v = nt_base();
+  auto refuse = [&] {
+    ++counts.dropped;
+    return false;
+  };
+  if (!(reg(l + 0x04) & kCmdMem) || !(reg(l + 0xdb4) & 1)) return refuse();
+  // Link BAR0: this chip's registers (32-bit accesses).
+  const uint32_t type = reg(l + 0xe4);
+  if (type == 2 || type == 3) {
+    uint64_t base = reg(l + 0x10) & ~0xfull;
+    if (type == 3) base |= uint64_t{reg(l + 0x14)} << 32;
+    if (addr >= base && addr - base < kRegs) {
+      const auto off = static_cast<uint32_t>(addr - base);
+      if (len != 4 || off % 4) return refuse();
+      uint32_t val;
+      if (write) {
+        std::memcpy(&val, buf, 4);
+        this->write(off, val);
+      } else {
+        val = read(off);
+        std::memcpy(buf, &val, 4);
+      }
+      ++counts.delivered;
+      return true;
+    }
+  }
+  for (int j = 2; j <= 5; ++j) {
+    const uint32_t setup = reg(l + 0xe8 + (j - 2) * 4);
+    const bool is64 = setup & 0x4;
+    uint64_t mask = setup & ~0xfffffull;
+    mask |= is64 ? uint64_t{reg(l + 0xe8 + (j - 1) * 4)} << 32 : 0xffffffff00000000ull;
+    uint64_t base = reg(l + 0x10 + 4 * j) & ~0xfull;
+    if (is64) base |= uint64_t{reg(l + 0x14 + 4 * j)} << 32;
+    const int next = is64 ? j + 1 : j;
+    if (!(mask & 0xfff00000ull) && !(is64 && (mask >> 32))) {  // disabled
+      j = next;
+      continue;
+    }
+    const uint64_t size = ~mask + 1;
+    if (addr < base || addr - base >= size) {
+      j = next;
+      continue;
+    }
+    const uint64_t off = addr - base;
+    if (len > size - off) return refuse();
+    auto *bytes = static_cast<uint8_t *>(buf);
+    if (j == 2 && (reg(v + kAlutCtl) & kAlutOn)) {
+      // Each entry's piece: its own address and permission (bit 0 read, bit 1 write).
+      if (!alut()) return refuse();  // turned on in a chip that has none
+      const uint64_t esize = size / (128ull * alut());
+      for (uint64_t done = 0; done < len;) {
+        const auto e = static_cast<uint32_t>((off + done) / esize);
+        const uint64_t in = (off + done) % esize, n = std::min<uint64_t>(len - done, esize - in);
+        if (!(reg(alut_reg(e) + 0x800) & (write ? 2u : 1u))) return refuse();
+        const uint64_t at = (reg(alut_reg(e)) | uint64_t{reg(alut_reg(e) + 0x400)} << 32) + in;
+        uint8_t *p = ram_at(at, n);
+        if (!p) return refuse();
+        write ? std::memcpy(p, bytes + done, n) : std::memcpy(bytes + done, p, n);
+        done += n;
+      }
+      return true;
+    }
+    uint64_t at = reg(l + 0xc3c + (j - 2) * 4);
+    if (is64) at |= uint64_t{reg(l + 0xc3c + (j - 1) * 4)} << 32;
+    uint8_t *p = ram_at(at + off, len);
+    if (!p) return refuse();
+    write ? std::memcpy(p, bytes, len) : std::memcpy(bytes, p, len);
+    return true;
+  }
+  return refuse();
+}
+
+Fabric::Fabric(unsigned alut_bits_a, unsigned alut_bits_b)
+    : a(0, 8, alut_bits_a, 0x100000000ull, 32u << 20),
+      b(0, 8, alut_bits_b, 0x200000000ull, 32u << 20) {
+  a.peer = &b;
+  b.peer = &a;
+  a.fabric = b.fabric = this;
+}
+
+bool Fabric::link_up() const {
+  return cable_in && a.link_enabled() && b.link_enabled();
+}
+
+void Fabric::set_cable(bool in) {
+  cable_in = in;
+  update();
+}
+
+void Fabric::update() {
+  const bool up = link_up();
+  if (was_up && !up) {
+    for (Chip *c : {&a, &b}) {
+      c->link_err |= kDlDown;
+      c->reset_link_side();
+    }
+  }
+  was_up = up;
+}
+
+}  // namespace plx_model
+
+extern "C" u32 plx_rd(void *base, u32 off) {
+  auto *m = static_cast<plx_model::Mapping *>(base);
+  if (m->bar == 0) return off < plx_model::kRegs && off % 4 == 0 ? m->chip->read(off) : ~0u;
+  uint32_t v;
+  m->chip->host_read(m->bar, off, &v, 4);
+  return v;
+}
+
+extern "C" void plx_wr(void *base, u32 off, u32 val) {
+  auto *m = static_cast<plx_model::Mapping *>(base);
+  if (m->bar == 0) {
+    if (off < plx_model::kRegs && off % 4 == 0) m->chip->write(off, val);
+    return;
+  }
+  m->chip->host_write(m->bar, off, &val, 4);
+}
