@@ -22,6 +22,7 @@
 
 #include "pcientb.h"
 #include "plx_nt.h"
+#include "plx_dma.h"
 
 #define PLX_LINK_POLL_MS 250
 
@@ -279,6 +280,7 @@ static void plx_link_work(struct work_struct *work)
 
 static int plx_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
+	struct pci_dev *dma;
 	struct plx_port *p;
 	void __iomem *b2b;
 	u32 nt_id;
@@ -322,6 +324,11 @@ static int plx_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		if (rc)
 			return rc;
 	}
+	/* The chip's DMA engines write through the windows: the NT must let them out. */
+	for (dma = pci_get_device(PLX_VENDOR, PLX_DMA_DEVICE, NULL); dma;
+	     dma = pci_get_device(PLX_VENDOR, PLX_DMA_DEVICE, dma))
+		if (plx_nt_add_requester(&p->nt, dma->bus->number, PCI_SLOT(dma->devfn)))
+			dev_warn(&pdev->dev, "no room to let DMA function %s out\n", pci_name(dma));
 	/* The B2B window's first 256 KiB are the peer chip's registers. */
 	b2b = pcim_iomap(pdev, p->nt.mw[p->nt.mw_count - 1].bar, PLX_REGS_SIZE);
 	if (!b2b)

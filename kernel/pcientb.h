@@ -5,7 +5,8 @@
  * Layers (one file each): ntb_core.c, the Linux NTB API's core where the kernel has none;
  * ntb_ivshmem.c, an NTB hardware driver over QEMU's ivshmem (how the module runs in test
  * guests); ntb_plx.c, the NTB hardware driver of the PEX8749's NT port, whose register
- * sequences are plx_nt.c; pcientb_main.c, the module and its NTB client.
+ * sequences are plx_nt.c; dma_plx.c, the PEX87xx DMA engine as a dmaengine provider, its
+ * ring plx_dma.c; pcientb_main.c, the module and its NTB client.
  */
 #ifndef PCIENTB_KERNEL_PCIENTB_H
 #define PCIENTB_KERNEL_PCIENTB_H
@@ -16,5 +17,7 @@ int pcientb_ivshmem_init(void);
 void pcientb_ivshmem_exit(void);
 int pcientb_plx_init(void);
 void pcientb_plx_exit(void);
+int pcientb_plx_dma_init(void);
+void pcientb_plx_dma_exit(void);
 
 #endif

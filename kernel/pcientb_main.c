@@ -514,12 +514,17 @@ static int __init pcientb_init(void)
 	rc = pcientb_ivshmem_init();
 	if (rc)
 		goto client;
+	rc = pcientb_plx_dma_init();
+	if (rc)
+		goto ivshmem;
 	rc = pcientb_plx_init();
-	if (rc) {
-		pcientb_ivshmem_exit();
-		goto client;
-	}
+	if (rc)
+		goto dma;
 	return 0;
+dma:
+	pcientb_plx_dma_exit();
+ivshmem:
+	pcientb_ivshmem_exit();
 client:
 	ntb_unregister_client(&pcientb_client);
 err:
@@ -530,6 +535,7 @@ err:
 static void __exit pcientb_exit(void)
 {
 	pcientb_plx_exit();
+	pcientb_plx_dma_exit();
 	pcientb_ivshmem_exit();
 	ntb_unregister_client(&pcientb_client);
 	debugfs_remove_recursive(debug_root);

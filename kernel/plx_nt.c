@@ -80,6 +80,14 @@ int plx_nt_add_mw(struct plx_nt *nt, int bar, bool is64, u64 phys, u64 size)
 	return 0;
 }
 
+int plx_nt_add_requester(struct plx_nt *nt, u8 bus, u8 dev)
+{
+	if (nt->rid_count == PLX_MAX_RIDS || dev > 31)
+		return -ENOSPC;
+	nt->rids[nt->rid_count++] = (u16)(bus << 8 | dev << 3);
+	return 0;
+}
+
 /* The window's memory part: the B2B window's starts after the peer's registers. */
 static u64 mw_off(const struct plx_nt *nt, int i)
 {
@@ -163,8 +171,14 @@ void plx_nt_init(struct plx_nt *nt)
 	/* Requesters of the peer's side let in: two entries (bus/device, enable) per dword. */
 	for (i = 0; i < 32; i += 2)
 		wr_link(nt, PLX_IF_RID_LUT_LINK + i * 2, 0x00010001 | ((i + 1) << 19) | (i << 3));
-	/* Ours let out: the root complex (0:0.0) and the NT function itself. */
+	/* Ours let out: the root complex (0:0.0), the NT function itself, then the others. */
 	wr_virt(nt, PLX_IF_RID_LUT_VIRT, (rd_virt(nt, PLX_IF_RID) << 16) | 0x00010001);
+	for (i = 0; i < PLX_MAX_RIDS; i += 2) {
+		u32 lo = (int)i < nt->rid_count ? nt->rids[i] | 1u : 0;
+		u32 hi = (int)i + 1 < nt->rid_count ? nt->rids[i + 1] | 1u : 0;
+
+		wr_virt(nt, PLX_IF_RID_LUT_VIRT + 4 + i * 2, hi << 16 | lo);
+	}
 	for (w = 0; w < nt->mw_count; w++)
 		mw_apply(nt, w);
 	wr_link(nt, PLX_IF_COMMAND, PLX_CMD_MEM | PLX_CMD_MASTER);

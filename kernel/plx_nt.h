@@ -23,6 +23,7 @@
 #include <linux/types.h>
 #include <linux/errno.h>
 #include <linux/io.h>
+#include <linux/delay.h>
 
 static inline u32 plx_rd(void __iomem *base, u32 off)
 {
@@ -32,6 +33,21 @@ static inline u32 plx_rd(void __iomem *base, u32 off)
 static inline void plx_wr(void __iomem *base, u32 off, u32 val)
 {
 	iowrite32(val, base + off);
+}
+
+static inline u16 plx_rd16(void __iomem *base, u32 off)
+{
+	return ioread16(base + off);
+}
+
+static inline void plx_wr16(void __iomem *base, u32 off, u16 val)
+{
+	iowrite16(val, base + off);
+}
+
+static inline void plx_delay_us(unsigned int us)
+{
+	udelay(us);
 }
 #else
 #include "plx_nt_user.h" /* the register model's plx_rd/plx_wr, kernel types */
@@ -43,6 +59,7 @@ static inline void plx_wr(void __iomem *base, u32 off, u32 val)
 #define PLX_DBS 16
 #define PLX_DB_MASK ((1ull << PLX_DBS) - 1)
 #define PLX_MIN_BAR (1ull << 20) /* link BARs: at least 1 MiB */
+#define PLX_MAX_RIDS 14 /* requester-ID LUT entries after the root complex and the NT */
 
 /* The NT function's BAR0 maps the chip's 256 KiB register space. */
 #define PLX_REGS_SIZE 0x40000
@@ -105,11 +122,15 @@ struct plx_nt {
 	int mw_count;
 	int b2b_mw; /* the window that reaches the peer chip's registers */
 	u64 b2b_off; /* where that window's memory part starts (0: none) */
+	u16 rids[PLX_MAX_RIDS]; /* more requesters let out (DMA functions): bus << 8 | dev << 3 */
+	int rid_count;
 };
 
 /* Set-up: identify, windows (in BAR order), then plx_nt_start. */
 int plx_nt_identify(struct plx_nt *nt, void __iomem *regs, u32 nt_id);
 int plx_nt_add_mw(struct plx_nt *nt, int bar, bool is64, u64 phys, u64 size);
+/* A requester (bus, device; any function) whose accesses may cross: a DMA engine's. */
+int plx_nt_add_requester(struct plx_nt *nt, u8 bus, u8 dev);
 int plx_nt_start(struct plx_nt *nt, void __iomem *b2b_virt);
 void plx_nt_init(struct plx_nt *nt); /* the static configuration, also after DL_Down */
 void plx_nt_stop(struct plx_nt *nt);

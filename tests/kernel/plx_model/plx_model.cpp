@@ -25,6 +25,7 @@ Chip::Chip(int ntx_, int port_, unsigned alut_bits, uint64_t ram_base_, size_t r
   regs[port_control(port) / 4] = 1u << (port & 7);  // the link starts disabled
   regs[(nt_base() + kLinkErrMask) / 4] = 0xf;       // and its errors masked
   for (int i = 0; i < 6; ++i) bar_map[i] = Mapping{this, i};
+  dma.chip = this;
 }
 
 uint32_t Chip::read(uint32_t off) {
@@ -100,11 +101,20 @@ bool Chip::host_write(int n, uint64_t off, const void *src, size_t len) {
   return outbound(n, off, const_cast<void *>(src), len, true);
 }
 
+// The virtual interface's requester-ID LUT: 16 entries (bus, device, enable) from 0xD94.
+bool Chip::lets_out(uint16_t rid) const {
+  for (uint32_t i = 0; i < 16; ++i) {
+    const uint32_t e = (reg(nt_base() + 0xd94 + (i / 2) * 4) >> (16 * (i % 2))) & 0xffff;
+    if ((e & 1) && (e & 0xfff8) == (rid & 0xfff8)) return true;
+  }
+  return false;
+}
+
 bool Chip::host_read(int n, uint64_t off, void *dst, size_t len) {
   return outbound(n, off, dst, len, false);
 }
 
-bool Chip::outbound(int n, uint64_t off, void *dst, size_t len, bool write) {
+bool Chip::outbound(int n, uint64_t off, void *dst, size_t len, bool write, uint16_t rid) {
   const Bar *b = bar(n);
   const uint32_t v = nt_base();
   auto drop = [&] {
@@ -113,9 +123,9 @@ bool Chip::outbound(int n, uint64_t off, void *dst, size_t len, bool write) {
     return false;
   };
   if (!b || off > b->size || len > b->size - off) return drop();
-  // Out of this host only if the requester-ID LUT lets the root complex (0:0.0) out,
-  // the link is up and no outbound A-LUT is on (not modelled).
-  if (!(reg(v + 0xd94) & 1) || !fabric->link_up() || (reg(link_base() + kAlutCtl) & kAlutOn))
+  // Out of this host only if the requester-ID LUT lets the requester out (the CPU: the
+  // root complex, 0:0.0), the link is up and no outbound A-LUT is on (not modelled).
+  if (!lets_out(rid) || !fabric->link_up() || (reg(link_base() + kAlutCtl) & kAlutOn))
     return drop();
   uint64_t to = reg(v + 0xc3c + (n - 2) * 4);
   if (b->is64) to |= uint64_t{reg(v + 0xc3c + (n - 2) * 4 + 4)} << 32;
@@ -225,10 +235,160 @@ void Fabric::update() {
   was_up = up;
 }
 
+// ---- DMA engine ----------------------------------------------------------------------
+
+namespace {
+constexpr uint16_t kPause = 0x1, kAbort = 0x2, kStart = 0x8, kModeBits = 0x4 | (3 << 5);
+constexpr uint16_t kDescInvalid = 0x100, kPauseDone = 0x200, kAbortDone = 0x400;
+constexpr uint16_t kStatusBits = kDescInvalid | kPauseDone | kAbortDone | 0x1000;
+constexpr uint16_t kIntError = 0x1, kIntInvDesc = 0x2, kIntDone = 0x4, kIntAbortDone = 0x8;
+constexpr uint32_t kValid = 0x80000000u, kIrqWhenDone = 0x40000000u, kLenMask = 0x7ffffff;
+constexpr uint32_t kWbOk = 0x40000000u, kWbReadFail = 0x20000000u, kWbWriteFail = 0x10000000u;
+}  // namespace
+
+uint32_t Dma::read(uint32_t off, int bytes) {
+  switch (off) {
+    case 0x214:
+      return ring_lo;
+    case 0x218:
+      return ring_hi;
+    case 0x21c:
+      return next;
+    case 0x220:
+      return count;
+    case 0x234:
+      return prefetch;
+    case 0x238: {
+      const uint32_t c = mode | status | (running ? kStart : 0);
+      return bytes == 4 ? c | uint32_t{ctrl2} << 16 : c;
+    }
+    case 0x23a:
+      return ctrl2;
+    case 0x23c:
+      return bytes == 4 ? intr_ctrl | uint32_t{intr_status} << 16 : intr_ctrl;
+    case 0x23e:
+      return intr_status;
+    default:
+      return 0;
+  }
+}
+
+void Dma::write(uint32_t off, uint32_t val, int bytes) {
+  switch (off) {
+    case 0x214:
+      ring_lo = val;
+      break;
+    case 0x218:
+      ring_hi = val;
+      break;
+    case 0x21c:
+      next = val;
+      break;
+    case 0x220:
+      count = val;
+      break;
+    case 0x234:
+      prefetch = val;
+      break;
+    case 0x238:
+      if (bytes == 4) ctrl2 = static_cast<uint16_t>(val >> 16);
+      control(static_cast<uint16_t>(val));
+      break;
+    case 0x23c:
+      intr_ctrl = static_cast<uint16_t>(val);
+      if (bytes == 4) intr_status &= ~static_cast<uint16_t>(val >> 16);
+      break;
+    case 0x23e:
+      intr_status &= ~static_cast<uint16_t>(val);
+      break;
+    default:
+      break;
+  }
+}
+
+void Dma::control(uint16_t v) {
+  status &= ~(v & kStatusBits);
+  mode = v & kModeBits;
+  if ((v & kPause) && !stuck) {
+    running = false;
+    status |= kPauseDone;
+  }
+  if ((v & kAbort) && !stuck) {
+    running = false;
+    status |= kAbortDone;
+    intr_status |= kIntAbortDone;
+  }
+  if ((v & kStart) && !(v & (kPause | kAbort))) running = true;
+  if (running && !manual) step(1 << 30);
+}
+
+bool Dma::irq() const {
+  return intr_status & (kIntDone | (intr_ctrl & (kIntError | kIntInvDesc | kIntAbortDone)));
+}
+
+// Host memory, or a window BAR of this host: then through the NT port.
+bool Dma::access(uint64_t addr, void *buf, size_t len, bool write) {
+  if (uint8_t *p = chip->ram_at(addr, len)) {
+    write ? std::memcpy(p, buf, len) : std::memcpy(buf, p, len);
+    return true;
+  }
+  for (const Chip::Bar &b : chip->bars)
+    if (addr >= b.phys && addr - b.phys < b.size)
+      return chip->outbound(b.bar, addr - b.phys, buf, len, write, rid);
+  return false;
+}
+
+int Dma::step(int budget) {
+  int n = 0;
+  while (running && n < budget) {
+    if (!count || next < ring_lo || next >= ring_lo + 16ull * count || (next - ring_lo) % 16) {
+      running = false;
+      intr_status |= kIntInvDesc;
+      break;
+    }
+    const uint64_t at = uint64_t{ring_hi} << 32 | next;
+    uint8_t *d = chip->ram_at(at, 16);
+    uint32_t flags = 0;
+    if (d) std::memcpy(&flags, d, 4);
+    if (!d || !(flags & kValid)) {  // the ring is empty here: the engine waits
+      running = false;
+      status |= kDescInvalid;
+      break;
+    }
+    uint16_t dst_hi, src_hi;
+    uint32_t dst_lo, src_lo;
+    std::memcpy(&dst_hi, d + 4, 2);
+    std::memcpy(&src_hi, d + 6, 2);
+    std::memcpy(&dst_lo, d + 8, 4);
+    std::memcpy(&src_lo, d + 12, 4);
+    const uint32_t len = flags & kLenMask;
+    std::vector<uint8_t> buf(len);
+    uint32_t wb;
+    if (!access(uint64_t{src_hi} << 32 | src_lo, buf.data(), len, false))
+      wb = kWbReadFail;
+    else if (!access(uint64_t{dst_hi} << 32 | dst_lo, buf.data(), len, true))
+      wb = kWbWriteFail;
+    else
+      wb = kWbOk | len;
+    if (mode & 0x4) std::memcpy(d, &wb, 4);  // write-back: VALID clear
+    next = next + 16 >= ring_lo + 16ull * count ? ring_lo : next + 16;
+    ++n;
+    ++ran;
+    if (!(wb & kWbOk)) {
+      running = false;
+      intr_status |= kIntError;
+      break;
+    }
+    if (flags & kIrqWhenDone) intr_status |= kIntDone;
+  }
+  return n;
+}
+
 }  // namespace plx_model
 
 extern "C" u32 plx_rd(void *base, u32 off) {
   auto *m = static_cast<plx_model::Mapping *>(base);
+  if (m->bar == plx_model::kDmaBar) return m->chip->dma.read(off, 4);
   if (m->bar == 0) return off < plx_model::kRegs && off % 4 == 0 ? m->chip->read(off) : ~0u;
   uint32_t v;
   m->chip->host_read(m->bar, off, &v, 4);
@@ -237,9 +397,24 @@ extern "C" u32 plx_rd(void *base, u32 off) {
 
 extern "C" void plx_wr(void *base, u32 off, u32 val) {
   auto *m = static_cast<plx_model::Mapping *>(base);
+  if (m->bar == plx_model::kDmaBar) return m->chip->dma.write(off, val, 4);
   if (m->bar == 0) {
     if (off < plx_model::kRegs && off % 4 == 0) m->chip->write(off, val);
     return;
   }
   m->chip->host_write(m->bar, off, &val, 4);
 }
+
+// 16-bit accesses: the DMA engine's control and interrupt registers only.
+extern "C" u16 plx_rd16(void *base, u32 off) {
+  auto *m = static_cast<plx_model::Mapping *>(base);
+  return m->bar == plx_model::kDmaBar ? static_cast<u16>(m->chip->dma.read(off, 2)) : 0xffff;
+}
+
+extern "C" void plx_wr16(void *base, u32 off, u16 val) {
+  auto *m = static_cast<plx_model::Mapping *>(base);
+  if (m->bar == plx_model::kDmaBar) m->chip->dma.write(off, val, 2);
+}
+
+// The model runs synchronously: waiting changes nothing.
+extern "C" void plx_delay_us(unsigned int) {}

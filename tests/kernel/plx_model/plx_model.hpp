@@ -14,7 +14,14 @@
 // - the link: up while both chips' ports are enabled (port control) and the cable is in;
 //   going down sets DL_Down in both virtual interfaces' link error status and resets
 //   the link interfaces' registers and the A-LUT (the driver must write them again);
-// - INTx: asserted while a doorbell bit is set and unmasked, or a link error unmasked.
+// - INTx: asserted while a doorbell bit is set and unmasked, or a link error unmasked;
+// - each chip's DMA engine (one channel, its own BAR0): the descriptor ring in host
+//   memory, run from the next pointer while descriptors are valid, written back with
+//   status and bytes moved; reads and writes go to host memory, or through the NT port
+//   when they address a window BAR (then as the DMA function's requester ID, which the
+//   NT's requester-ID LUT must let out); a failed descriptor stops the engine and raises
+//   the error interrupt; pause and abort; a "manual" mode runs descriptors only when the
+//   test steps it, and a "stuck" engine ignores pause and abort.
 #pragma once
 
 #include <cstddef>
@@ -29,10 +36,32 @@ constexpr uint32_t kRegs = 0x40000;
 struct Chip;
 struct Fabric;
 
-// What a driver maps: a host's BAR0 (its chip's registers) or one of its window BARs.
+// What a driver maps: a host's BAR0 (its chip's registers), one of its window BARs, or
+// (kDmaBar) the DMA function's BAR0.
+constexpr int kDmaBar = -1;
 struct Mapping {
   Chip *chip;
   int bar;
+};
+
+// The DMA engine of a chip.
+struct Dma {
+  uint32_t read(uint32_t off, int bytes);
+  void write(uint32_t off, uint32_t val, int bytes);
+  bool irq() const;
+  int step(int budget);  // runs up to `budget` descriptors; how many ran
+
+  Chip *chip = nullptr;
+  uint16_t rid = 0x0310;  // requester ID: bus 3, device 2
+  bool manual = false, stuck = false;
+  uint32_t ring_lo = 0, ring_hi = 0, next = 0, count = 0, prefetch = 0;
+  uint16_t mode = 0, status = 0, ctrl2 = 0, intr_ctrl = 0, intr_status = 0;
+  bool running = false;
+  uint64_t ran = 0;
+
+ private:
+  void control(uint16_t v);
+  bool access(uint64_t addr, void *buf, size_t len, bool write);
 };
 
 struct Counts {
@@ -72,6 +101,8 @@ struct Chip {
 
   Mapping regs_map{this, 0};
   Mapping bar_map[6]{};
+  Mapping dma_map{this, kDmaBar};
+  Dma dma;
   int ntx, port;
   uint64_t ram_base;
   std::vector<uint8_t> ram;
@@ -85,7 +116,10 @@ struct Chip {
 
  private:
   friend struct Fabric;
-  bool outbound(int bar, uint64_t off, void *buf, size_t len, bool write);
+  friend struct Dma;
+  // An access through window BAR `bar` by requester `rid` (bus << 8 | device << 3).
+  bool outbound(int bar, uint64_t off, void *buf, size_t len, bool write, uint16_t rid = 0);
+  bool lets_out(uint16_t rid) const;
   // An access that arrived at this chip's link interface.
   bool inbound(uint64_t link_addr, void *buf, size_t len, bool write);
   unsigned alut() const;
