@@ -61,7 +61,8 @@ EngineEnd::~EngineEnd() {
   delete ctx_;
 }
 
-int EngineEnd::connect(uint16_t lid, uint32_t qpn, uint8_t timeout, uint8_t retry_cnt) {
+int EngineEnd::connect(uint16_t lid, uint32_t qpn, uint8_t timeout, uint8_t retry_cnt,
+                       uint8_t min_rnr_timer) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;
   if (int e = eng::modify_qp(qp_, &a, IBV_QP_STATE)) return e;
@@ -78,7 +79,7 @@ int EngineEnd::connect(uint16_t lid, uint32_t qpn, uint8_t timeout, uint8_t retr
   a.dest_qp_num = qpn;
   a.rq_psn = 1;
   a.max_dest_rd_atomic = 16;
-  a.min_rnr_timer = 1;
+  a.min_rnr_timer = min_rnr_timer;
   a.ah_attr.dlid = lid;
   a.ah_attr.port_num = 1;
   if (int e = eng::modify_qp(qp_, &a,

@@ -34,7 +34,8 @@ class EngineEnd {
 
   // RESET -> INIT -> RTR -> RTS towards (lid, qpn); a QP in any state is
   // reset first. Returns the first modify_qp error, 0 on success.
-  int connect(uint16_t lid, uint32_t qpn, uint8_t timeout = 14, uint8_t retry_cnt = 7);
+  int connect(uint16_t lid, uint32_t qpn, uint8_t timeout = 14, uint8_t retry_cnt = 7,
+              uint8_t min_rnr_timer = 1);
   int post_recv(uint64_t wr_id, size_t off, uint32_t len);
   // A WR on the buffer: opcode, [off, off + len) here, remote address and key.
   int post_send(uint64_t wr_id, ibv_wr_opcode opcode, size_t off, uint32_t len,

@@ -5,8 +5,10 @@
 // wraps, the guard bytes around registered memory, the QP state rules.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "engine_end.hpp"
 #include "fake_fabric.hpp"
@@ -140,6 +142,48 @@ TEST_F(EngineOnFake, ATornMessageLeavesTheTargetQpAsItWasUntilItFails) {
   EXPECT_EQ(wc.wr_id, 7u);
   EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
   EXPECT_TRUE(b->poll(1, 50).empty());
+}
+
+// SENDs to a live target whose lane fills, whose receiver is not ready (RNR: everything
+// sent goes back and is sent again) and which stops taking its lane for a while, again
+// and again, are delayed but none fails: a WR fails for a full lane only when its QP
+// could put nothing for a whole answer wait (1 s here). (The soak's "transport retry
+// counter exceeded" to a live target: the wait was counted from the first time a WR
+// found the lane full, even if it had waited in the backlog behind a go-back since. This
+// test does not reproduce that case every time: the target's progress thread also takes
+// its lane on its own schedule.) Each SEND takes 16 cells: the 2048-cell lane holds 128.
+TEST_F(EngineOnFake, LaneFullAndGoBacksDelaySendsToALiveTargetButFailNone) {
+  using std::chrono::milliseconds;
+  using std::this_thread::sleep_for;
+  a = std::make_unique<EngineEnd>("engine_busy_a", 1 << 20, 512);
+  b = std::make_unique<EngineEnd>("engine_busy_b", 1 << 20, 512);
+  ASSERT_EQ(0, a->connect(b->lid(), b->qpn()));
+  ASSERT_EQ(0, b->connect(a->lid(), a->qpn(), 14, 7, 0));  // RNR timer 655 ms
+  constexpr uint32_t kCount = 160, kLen = engine::kRecordInline;
+  auto take = [&](int ms) {  // B takes its lane for a while, without receives
+    fake::deafen(b->lid(), false);
+    for (int i = 0; i < ms; ++i) {
+      b->poll(0);
+      sleep_for(milliseconds(1));
+    }
+    fake::deafen(b->lid(), true);
+  };
+  fake::deafen(b->lid(), true);
+  for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(0, a->post_send(i, IBV_WR_SEND, 0, kLen));
+  take(50);  // RNR on SEND 0: what was sent goes back for 655 ms
+  sleep_for(milliseconds(850));
+  take(50);  // RNR again
+  sleep_for(milliseconds(1350));
+  for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(0, b->post_recv(i, i * 1024ull, 1024));
+  fake::deafen(b->lid(), false);
+  size_t ok = 0;
+  for (const ibv_wc &wc : a->poll(kCount, 20000)) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS)
+        << "wr " << wc.wr_id << ": " << ibv_wc_status_str(wc.status);
+    ok += wc.status == IBV_WC_SUCCESS;
+  }
+  EXPECT_EQ(ok, kCount);
+  EXPECT_EQ(b->poll(kCount, 20000).size(), kCount);
 }
 
 // The QP state rules: transitions an HCA refuses leave the QP as it was.

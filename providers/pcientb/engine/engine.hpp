@@ -411,7 +411,6 @@ struct SendWqe {
   uint64_t seq;                      // its number in the send queue, from 1
   int rnr_left, retry_left;
   uint64_t not_before_ns;
-  uint64_t link_deadline_ns;  // while the target's tables are not mirrored yet
   // Once sent (in Qp::sent):
   uint32_t psn = 0;
   bool done = false;  // answered (or executed here): complete with status/byte_len
@@ -512,6 +511,9 @@ struct Qp {
   // A WR failed here behind requests not answered yet: nothing more goes out
   // (the QP fails when the answers reach it), with sq_mu.
   bool halted = false;
+  // Since when nothing could be put on the link (not up yet, or its lane full), with
+  // sq_mu; 0 while things go out.
+  uint64_t busy_since_ns = 0;
   bool retired = false;  // taken out of the tables for destruction, with Node::prog_mu_
   QpStats *stats;        // its slot of AreaRoot::qp_stats
 

@@ -395,6 +395,9 @@ void Node::links_barrier() {
     l->mu.lock();
     l->mu.unlock();
   }
+  // A thread that found a lock taken here left what it saw to the holder (this thread),
+  // which does not look: the progress thread looks instead.
+  wake();
 }
 
 void Node::service() {

@@ -243,6 +243,11 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
       qp->errored = false;
       qp->halted = false;
       qp->resume.store(0, std::memory_order_relaxed);
+      qp->busy_since_ns = 0;
+      // The old connection's late requests must not find this QP connected to them
+      // (serve_in_order would set `resume` for them, and drop the next connection's).
+      qp->sh->dest_qpn = 0;
+      qp->sh->dest_lid = 0;
       qp->peer = nullptr;
       qp->link = nullptr;
       qp->mirror = nullptr;
@@ -251,6 +256,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
       if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT && !ud) {
         qp->peer = node.fab().peer(qp->attr.ah_attr.dlid);
         qp->epoch = node.new_epoch();  // a new connection: the target forgets what it went back for
+        qp->resume.store(0, std::memory_order_relaxed);  // and so does this QP as a target
         qp->link = nullptr;
         qp->mirror = nullptr;
         if (qp->peer) qp->peer_nonce = qp->peer->nonce();

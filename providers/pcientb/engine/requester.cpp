@@ -388,16 +388,21 @@ bool take_retry(Qp *qp, SendWqe &w) {
 
 Settled settle(Qp *qp, SendWqe &w, Result r) {
   if (r.outcome == Outcome::busy) {
-    // The link comes up within a doorbell and a push; a peer that never
-    // answers fails the WR as an unanswered one would (a datagram is lost).
+    // The link comes up within a doorbell and a push, and a full lane is taken at the
+    // target's next look: a QP that could put nothing for as long as an answer may take
+    // fails the WR as an unanswered one would (a datagram is lost). Counted from the
+    // QP's last success at putting something, not from this WR's first try: a WR that
+    // waited in the backlog meanwhile (behind a go-back) has not been stuck.
     uint64_t now = now_ns();
-    if (!w.link_deadline_ns) w.link_deadline_ns = now + answer_wait_ns(qp);
-    if (now <= w.link_deadline_ns) {
+    if (!qp->busy_since_ns) qp->busy_since_ns = now;
+    if (now - qp->busy_since_ns <= answer_wait_ns(qp)) {
       w.not_before_ns = now + kLinkRetryNs;
       return Settled::waits;
     }
     r = done(r.status);
-  } else if (r.outcome == Outcome::no_ack) {
+  }
+  qp->busy_since_ns = 0;
+  if (r.outcome == Outcome::no_ack) {
     if (take_retry(qp, w)) return Settled::waits;
     r = done(r.status);
   }
@@ -445,7 +450,6 @@ uint64_t submit(Qp *qp, SendWqe &&w) {
   w.rnr_left = qp->attr.rnr_retry == 7 ? -1 : qp->attr.rnr_retry;
   w.retry_left = qp->attr.retry_cnt;
   w.not_before_ns = 0;
-  w.link_deadline_ns = 0;
   // Requests go out while others wait for their answers (the target takes
   // them in order); WRs executed here wait for those answers.
   if (!qp->backlog.empty() || st != IBV_QPS_RTS || behind_answers(qp, w)) {
@@ -573,7 +577,6 @@ void go_back(Qp *qp, size_t k, uint64_t not_before_ns) {
     SendWqe &x = sent.back();
     if (!x.done) --qp->unanswered;
     x.done = false;
-    x.link_deadline_ns = 0;
     qp->backlog.push_front(std::move(x));
     sent.pop_back();
   }
@@ -599,17 +602,20 @@ uint64_t progress_qp(Qp *qp) {
   // Answers that did not come in time, or never will (the target died).
   uint64_t next = 0, now = now_ns();
   bool gone = qp->peer && qp->peer->dead();
-  // A target answers before its program can see the message, and may exit
-  // right after: what it answered is taken first (by the next look at the
-  // lanes, moments away), then the rest fails.
-  if (gone && qp->link && qp->ctx->node->answers_waiting(*qp->link)) {
+  // Answers already in the lane are taken (by the next look at the lanes, moments away)
+  // before anything fails for want of one: a target answers before its program can see
+  // the message and may exit right after, and this thread looks at deadlines before it
+  // takes what arrived.
+  const bool answers = qp->link && qp->ctx->node->answers_waiting(*qp->link);
+  if (answers) {
     gone = false;
     next = now + kAnswersFirstNs;
   }
   for (size_t k = 0; k < qp->sent.size(); ++k) {
     SendWqe &w = qp->sent[k];
     if (w.done) continue;
-    if (gone && retry_unanswered(qp, k)) break;  // it and the WRs after it went back
+    if (gone && retry_unanswered(qp, k)) break;     // it and the WRs after it went back
+    if (answers && now >= w.deadline_ns) continue;  // looked at again by `next`
     if (gone || now >= w.deadline_ns) {
       w.done = true;
       w.status = IBV_WC_RETRY_EXC_ERR;
