@@ -621,10 +621,11 @@ void Initiator::on_first_error(const WrRecord &rec, ibv_wc_status status) {
   env_.unexpected_status(
       status,
       "q%d: %s on WR #%" PRIu64 " %s%s of %" PRIu64
-      " B to w%d.g%u (epoch %u, responder %d); "
+      " B to w%d.g%u (epoch %u, responder %d), %.1f ms after it was posted; "
       "target now g%u life %u, window key v%u/v%u, read key v%u/v%u, responder aborted %" PRIu64,
       q_, status_name(status).c_str(), rec.id, op_name(rec.op), rec.manifest ? " manifest" : "",
-      rec.bytes, target_, target_gen_, epoch_, responder_, t.generation.load(), t.life.load(),
+      rec.bytes, target_, target_gen_, epoch_, responder_,
+      static_cast<double>(now_ns() - rec.posted_ns) / 1e6, t.generation.load(), t.life.load(),
       key_version(window_key_), key_version(t.window_key.load()), key_version(read_key_),
       key_version(t.read_key.load()), get(t.responders[responder_].aborted));
 }
