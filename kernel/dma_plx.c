@@ -26,15 +26,17 @@ struct plx_dma_chan {
 	struct pci_dev *pdev;
 	void __iomem *regs;
 	int irq;
-	spinlock_t lock; /* the ring (prep through submit, reap) and `active`, `gone` */
+	spinlock_t lock; /* the ring (prep, submit, kick, reap) and the flags below */
 	struct plx_dma hw;
 	struct plx_dma_desc *ring;
 	dma_addr_t ring_dma;
 	u32 *len;
 	struct dma_async_tx_descriptor *txd; /* one per slot */
 	struct tasklet_struct reap_task;
+	atomic_t status; /* interrupt status bits the tasklet has not handled */
 	bool active; /* channel resources allocated */
-	bool gone; /* the device was removed: no register access */
+	bool removed; /* the device is going: no new channel resources */
+	bool gone; /* its registers are unmapped: no access */
 };
 
 static struct plx_dma_chan *to_chan(struct dma_chan *chan)
@@ -62,6 +64,7 @@ static void plx_dma_reap_all(struct plx_dma_chan *c)
 			return;
 		}
 		txd = &c->txd[slot];
+		/* Cookies are given at prep, in slot order: completions come in that order. */
 		c->chan.completed_cookie = txd->cookie;
 		txd->cookie = 0;
 		dma_descriptor_unmap(txd);
@@ -88,19 +91,28 @@ static void plx_dma_reap_task(struct tasklet_struct *t)
 {
 	struct plx_dma_chan *c = from_tasklet(c, t, reap_task);
 
+	/* A failed descriptor stopped the engine: the ones after it run now. */
+	if (atomic_xchg(&c->status, 0) & PLX_DMA_INTR_ERROR) {
+		spin_lock_bh(&c->lock);
+		if (c->active && !c->gone)
+			plx_dma_kick(&c->hw); /* nothing once stopped */
+		spin_unlock_bh(&c->lock);
+	}
 	plx_dma_reap_all(c);
 }
 
+/* Takes no lock: the interrupt status register is the handler's alone. */
 static irqreturn_t plx_dma_isr(int irq, void *data)
 {
 	struct plx_dma_chan *c = data;
 	u16 status;
 
-	spin_lock(&c->lock);
-	status = c->active && !c->gone ? plx_dma_irq(&c->hw) : 0;
-	spin_unlock(&c->lock);
+	if (!READ_ONCE(c->active) || READ_ONCE(c->gone))
+		return IRQ_NONE;
+	status = plx_dma_irq(&c->hw);
 	if (!status)
 		return IRQ_NONE;
+	atomic_or(status, &c->status);
 	tasklet_schedule(&c->reap_task);
 	return IRQ_HANDLED;
 }
@@ -108,36 +120,45 @@ static irqreturn_t plx_dma_isr(int irq, void *data)
 static dma_cookie_t plx_dma_tx_submit(struct dma_async_tx_descriptor *txd)
 {
 	struct plx_dma_chan *c = to_chan(txd->chan);
-	dma_cookie_t cookie = c->chan.cookie + 1;
+	dma_cookie_t cookie;
 
-	if (cookie < DMA_MIN_COOKIE)
-		cookie = DMA_MIN_COOKIE;
-	c->chan.cookie = cookie;
-	txd->cookie = cookie;
+	spin_lock_bh(&c->lock);
+	cookie = txd->cookie;
 	plx_dma_submit(&c->hw, txd - c->txd);
-	spin_unlock_bh(&c->lock); /* taken by prep */
+	spin_unlock_bh(&c->lock);
 	return cookie;
 }
 
-/* Returns with the ring lock held until tx_submit, so that slots are given in order. */
+/*
+ * Takes a slot and its cookie (in slot order, which is completion order); tx_submit
+ * gives it to the engine once the slots before it are given. A prepared descriptor must
+ * be submitted: one that never is holds back those after it.
+ */
 static struct dma_async_tx_descriptor *plx_dma_prep_memcpy(struct dma_chan *chan, dma_addr_t dst,
 							   dma_addr_t src, size_t len,
 							   unsigned long flags)
 {
 	struct plx_dma_chan *c = to_chan(chan);
+	struct dma_async_tx_descriptor *txd = NULL;
+	dma_cookie_t cookie;
 	int slot;
 
 	spin_lock_bh(&c->lock);
-	if (!c->active || c->gone || len > PLX_DMA_MAX_LEN)
-		goto fail;
+	if (!c->active || len > PLX_DMA_MAX_LEN)
+		goto out;
 	slot = plx_dma_prep(&c->hw, dst, src, len, flags & DMA_PREP_INTERRUPT);
 	if (slot < 0)
-		goto fail;
-	c->txd[slot].flags = flags;
-	return &c->txd[slot];
-fail:
+		goto out;
+	cookie = chan->cookie + 1;
+	if (cookie < DMA_MIN_COOKIE)
+		cookie = DMA_MIN_COOKIE;
+	chan->cookie = cookie;
+	txd = &c->txd[slot];
+	txd->cookie = cookie;
+	txd->flags = flags;
+out:
 	spin_unlock_bh(&c->lock);
-	return NULL;
+	return txd;
 }
 
 static void plx_dma_issue_pending(struct dma_chan *chan)
@@ -150,6 +171,7 @@ static void plx_dma_issue_pending(struct dma_chan *chan)
 	spin_unlock_bh(&c->lock);
 }
 
+/* Reaps (and calls back) what finished, as other drivers' tx_status do. */
 static enum dma_status plx_dma_tx_status(struct dma_chan *chan, dma_cookie_t cookie,
 					 struct dma_tx_state *state)
 {
@@ -179,15 +201,17 @@ static int plx_dma_alloc_chan_resources(struct dma_chan *chan)
 		dma_async_tx_descriptor_init(&c->txd[i], chan);
 		c->txd[i].tx_submit = plx_dma_tx_submit;
 	}
+	pci_set_master(c->pdev); /* cut after an engine that did not stop */
+	chan->cookie = DMA_MIN_COOKIE;
+	chan->completed_cookie = DMA_MIN_COOKIE;
+	atomic_set(&c->status, 0);
 	spin_lock_bh(&c->lock);
-	rc = c->gone ? -ENODEV :
-		       plx_dma_init(&c->hw, c->regs, c->ring, c->ring_dma, PLX_DMA_RING, c->len);
+	rc = c->removed ? -ENODEV :
+			  plx_dma_init(&c->hw, c->regs, c->ring, c->ring_dma, PLX_DMA_RING, c->len);
 	c->active = !rc;
 	spin_unlock_bh(&c->lock);
 	if (rc)
 		goto free;
-	chan->cookie = DMA_MIN_COOKIE;
-	chan->completed_cookie = DMA_MIN_COOKIE;
 	return PLX_DMA_RING;
 free:
 	kfree(c->txd);
@@ -198,39 +222,36 @@ free:
 	return rc;
 }
 
-/* Stops the engine (once): what it did not run completes as aborted. */
-static int plx_dma_halt(struct plx_dma_chan *c)
+/*
+ * Stops the engine (once; may sleep): no new work, then the engine paused or aborted, or
+ * its bus mastering cut if it does neither; then what it did not run completes as aborted.
+ */
+static void plx_dma_halt(struct plx_dma_chan *c)
 {
 	bool engine;
-	int rc = 0;
 
 	spin_lock_bh(&c->lock);
 	engine = c->active && !c->gone && !c->hw.stopped;
 	c->hw.stopped = true; /* no more preps or kicks */
 	spin_unlock_bh(&c->lock);
-	if (engine)
-		rc = plx_dma_stop(&c->hw); /* may wait: registers only, unlocked */
+	if (engine && plx_dma_stop(&c->hw)) {
+		dev_err(&c->pdev->dev, "DMA engine did not stop: bus mastering off\n");
+		pci_clear_master(c->pdev);
+	}
 	synchronize_irq(c->irq);
 	tasklet_kill(&c->reap_task);
 	plx_dma_reap_all(c);
-	return rc;
 }
 
 static void plx_dma_free_chan_resources(struct dma_chan *chan)
 {
 	struct plx_dma_chan *c = to_chan(chan);
 
-	if (plx_dma_halt(c)) {
-		/* The engine did not stop: it may still write the ring, which is left to it. */
-		dev_err(&c->pdev->dev, "DMA engine did not stop: its ring is kept\n");
-		c->ring = NULL;
-	}
+	plx_dma_halt(c);
 	spin_lock_bh(&c->lock);
 	c->active = false;
 	spin_unlock_bh(&c->lock);
-	if (c->ring)
-		dma_free_coherent(&c->pdev->dev, PLX_DMA_RING * sizeof(*c->ring), c->ring,
-				  c->ring_dma);
+	dma_free_coherent(&c->pdev->dev, PLX_DMA_RING * sizeof(*c->ring), c->ring, c->ring_dma);
 	c->ring = NULL;
 	kfree(c->txd);
 	kfree(c->len);
@@ -309,6 +330,9 @@ static void plx_dma_remove(struct pci_dev *pdev)
 {
 	struct plx_dma_chan *c = pci_get_drvdata(pdev);
 
+	spin_lock_bh(&c->lock);
+	c->removed = true; /* no new channel resources */
+	spin_unlock_bh(&c->lock);
 	plx_dma_halt(c); /* a client still holding the channel gets its work aborted */
 	free_irq(c->irq, c);
 	spin_lock_bh(&c->lock);
@@ -318,8 +342,15 @@ static void plx_dma_remove(struct pci_dev *pdev)
 	pci_free_irq_vectors(pdev);
 }
 
-static const struct pci_device_id plx_dma_ids[] = { { PCI_DEVICE(PLX_VENDOR, PLX_DMA_DEVICE) },
-						    { 0 } };
+static const struct pci_device_id plx_dma_ids[] = {
+	{ .vendor = PLX_VENDOR,
+	  .device = PLX_DMA_DEVICE,
+	  .subvendor = PCI_ANY_ID,
+	  .subdevice = PCI_ANY_ID,
+	  .class = PCI_CLASS_SYSTEM_OTHER << 8, /* as the chip's DMA functions report */
+	  .class_mask = 0xffffff },
+	{ 0 }
+};
 MODULE_DEVICE_TABLE(pci, plx_dma_ids);
 
 static struct pci_driver plx_dma_driver = {

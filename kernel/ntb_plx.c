@@ -8,8 +8,8 @@
  * - The NT virtual interface (10b5:87b0 for NT0, 87b1 for NT1), back-to-back with the
  *   peer host's chip. The link interface (NTB-to-root-port mode, 87a0/87a1) is not
  *   driven.
- * - One INTx line for the 16 doorbells and the link errors. A client's db_event must
- *   clear or mask the bits it was told of, as the line is level-triggered.
+ * - One INTx line for the 16 doorbells and the link errors, level-triggered: the handler
+ *   masks the doorbells it reports; the client clears and unmasks them.
  * - Link changes: DL_Down comes as a link error (the link side is set up again there);
  *   a link that comes up is found by polling the link status every PLX_LINK_POLL_MS.
  */
@@ -32,6 +32,7 @@ struct plx_port {
 	spinlock_t lock; /* window registers: ops against re-initialisation in the handler */
 	struct delayed_work link_work;
 	bool link_was_up;
+	bool went_down; /* DL_Down seen by the handler, not reported yet */
 };
 
 static struct plx_port *to_port(struct ntb_dev *ntb)
@@ -249,18 +250,21 @@ static irqreturn_t plx_irq(int irq, void *data)
 	struct plx_port *p = data;
 	u64 db;
 	u32 err;
+	int rc;
 
 	spin_lock(&p->lock);
-	db = plx_nt_db_read(&p->nt) & ~plx_nt_db_read_mask(&p->nt);
-	err = plx_nt_link_errors(&p->nt);
+	rc = plx_nt_isr(&p->nt, &db, &err);
 	spin_unlock(&p->lock);
+	if (rc)
+		return IRQ_NONE;
 	if (db)
 		ntb_db_event(&p->ntb, 0);
 	if (err & PLX_LINK_ERR_DL_DOWN) {
 		dev_info(&p->ntb.pdev->dev, "link down\n");
+		WRITE_ONCE(p->went_down, true);
 		mod_delayed_work(system_wq, &p->link_work, 0);
 	} else if (err) {
-		dev_warn(&p->ntb.pdev->dev, "link errors 0x%x\n", err);
+		dev_warn_ratelimited(&p->ntb.pdev->dev, "link errors 0x%x\n", err);
 	}
 	return db || err ? IRQ_HANDLED : IRQ_NONE;
 }
@@ -269,8 +273,14 @@ static irqreturn_t plx_irq(int irq, void *data)
 static void plx_link_work(struct work_struct *work)
 {
 	struct plx_port *p = container_of(to_delayed_work(work), struct plx_port, link_work);
-	bool up = plx_link_is_up(&p->ntb, NULL, NULL);
+	bool up;
 
+	/* Down and up again before this ran: clients still hear of the down first. */
+	if (xchg(&p->went_down, false) && p->link_was_up) {
+		p->link_was_up = false;
+		ntb_link_event(&p->ntb);
+	}
+	up = plx_link_is_up(&p->ntb, NULL, NULL);
 	if (up != p->link_was_up) {
 		p->link_was_up = up;
 		ntb_link_event(&p->ntb);
@@ -324,11 +334,23 @@ static int plx_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		if (rc)
 			return rc;
 	}
-	/* The chip's DMA engines write through the windows: the NT must let them out. */
+	/*
+	 * The chip's DMA engines write through the windows: the NT must let them out. Which
+	 * DMA functions are this chip's is not known here: every one in the PCI domain, each
+	 * (bus, device) once (functions share an entry).
+	 */
 	for (dma = pci_get_device(PLX_VENDOR, PLX_DMA_DEVICE, NULL); dma;
-	     dma = pci_get_device(PLX_VENDOR, PLX_DMA_DEVICE, dma))
-		if (plx_nt_add_requester(&p->nt, dma->bus->number, PCI_SLOT(dma->devfn)))
+	     dma = pci_get_device(PLX_VENDOR, PLX_DMA_DEVICE, dma)) {
+		u16 rid = (u16)(dma->bus->number << 8 | PCI_SLOT(dma->devfn) << 3);
+
+		if (pci_domain_nr(dma->bus) != pci_domain_nr(pdev->bus))
+			continue;
+		for (i = 0; i < p->nt.rid_count && p->nt.rids[i] != rid; i++)
+			;
+		if (i == p->nt.rid_count &&
+		    plx_nt_add_requester(&p->nt, dma->bus->number, PCI_SLOT(dma->devfn)))
 			dev_warn(&pdev->dev, "no room to let DMA function %s out\n", pci_name(dma));
+	}
 	/* The B2B window's first 256 KiB are the peer chip's registers. */
 	b2b = pcim_iomap(pdev, p->nt.mw[p->nt.mw_count - 1].bar, PLX_REGS_SIZE);
 	if (!b2b)
@@ -352,6 +374,7 @@ static int plx_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	rc = request_irq(pdev->irq, plx_irq, IRQF_SHARED, "pcientb-plx", p);
 	if (rc)
 		goto unregister;
+	plx_nt_irq_on(&p->nt);
 	schedule_delayed_work(&p->link_work, 0);
 	dev_info(&pdev->dev, "PEX NT%u virtual interface, port %u, %d windows, %u A-LUT entries\n",
 		 p->nt.ntx, p->nt.port, plx_nt_mw_count(&p->nt), 128 * p->nt.alut);
@@ -368,11 +391,15 @@ stop:
 static void plx_remove(struct pci_dev *pdev)
 {
 	struct plx_port *p = pci_get_drvdata(pdev);
+	unsigned long flags;
 
 	ntb_unregister_device(&p->ntb);
+	/* Masked first (and the windows closed), so the line is quiet when it is freed. */
+	spin_lock_irqsave(&p->lock, flags);
+	plx_nt_stop(&p->nt);
+	spin_unlock_irqrestore(&p->lock, flags);
 	free_irq(pdev->irq, p); /* the handler no longer schedules the link work */
 	cancel_delayed_work_sync(&p->link_work);
-	plx_nt_stop(&p->nt);
 }
 
 static const struct pci_device_id plx_ids[] = {

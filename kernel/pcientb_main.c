@@ -66,11 +66,16 @@ static void port_link_event(void *ctx)
 static void port_db_event(void *ctx, int vector)
 {
 	struct pcientb_port *port = ctx;
-	u64 bits = ntb_db_vector_mask(port->ntb, vector);
+	u64 bits = ntb_db_read(port->ntb) & ntb_db_vector_mask(port->ntb, vector);
+	int b;
 
-	if (vector >= 0 && vector < BITS_PER_LONG)
-		atomic_inc(&port->db_events[vector]);
+	/* Counted by bit: one vector may carry many (a PEX8749's 16 share its INTx). */
+	for (b = 0; b < BITS_PER_LONG; b++)
+		if (bits & BIT_ULL(b))
+			atomic_inc(&port->db_events[b]);
 	ntb_db_clear(port->ntb, bits);
+	/* A driver with a level-triggered interrupt masks what it reports until then. */
+	ntb_db_clear_mask(port->ntb, bits);
 	wake_up_all(&port->wq);
 }
 
@@ -473,6 +478,7 @@ static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	mutex_lock(&ports_lock);
 	list_add_tail(&port->node, &ports);
 	mutex_unlock(&ports_lock);
+	ntb_db_clear_mask(ntb, ntb_db_valid_mask(ntb)); /* drivers may start with all masked */
 	ntb_link_enable(ntb, NTB_SPEED_AUTO, NTB_WIDTH_AUTO);
 	return 0;
 }
@@ -487,6 +493,7 @@ static void pcientb_remove(struct ntb_client *client, struct ntb_dev *ntb)
 	wake_up_all(&port->wq);
 	debugfs_remove_recursive(port->dir);
 	ntb_link_disable(ntb);
+	ntb_db_set_mask(ntb, ntb_db_valid_mask(ntb)); /* nothing pending unserved meanwhile */
 	ntb_clear_ctx(ntb);
 	mutex_lock(&ports_lock);
 	list_del(&port->node);

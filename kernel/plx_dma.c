@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * PEX87xx DMA engine: ring set-up, descriptors, completions, stop (see plx_dma.h). The
- * caller serialises prep/submit/reap (one lock per channel); plx_dma_irq only touches
- * registers.
+ * caller serialises prep, submit, kick, reap and stop (one lock per channel; stop may sleep
+ * between its register accesses, with no lock needed once the channel refuses preps);
+ * plx_dma_irq only touches the interrupt status register.
  */
 #include "plx_dma.h"
 
 #define PLX_DMA_STOP_US 1000000 /* how long a pause, then an abort, may take */
+#define PLX_DMA_POLL_US 100
+#define PLX_DMA_READY 0x80000000u /* in len[]: submitted, not given to the engine yet */
 
 static void ctrl(struct plx_dma *d, u16 bits)
 {
@@ -17,10 +20,10 @@ static bool ctrl_wait(struct plx_dma *d, u16 done)
 {
 	int us;
 
-	for (us = 0; us < PLX_DMA_STOP_US; us++) {
+	for (us = 0; us < PLX_DMA_STOP_US; us += PLX_DMA_POLL_US) {
 		if (plx_rd16(d->regs, PLX_DMA_CTRL) & done)
 			return true;
-		plx_delay_us(1);
+		plx_delay_us(PLX_DMA_POLL_US);
 	}
 	return false;
 }
@@ -74,13 +77,23 @@ int plx_dma_prep(struct plx_dma *d, u64 dst, u64 src, u32 len, bool irq)
 
 void plx_dma_submit(struct plx_dma *d, int slot)
 {
-	struct plx_dma_desc *desc = &d->ring[slot];
+	u32 mask = d->count - 1;
 
-	if ((u32)slot != (d->given & (d->count - 1)) || d->given == d->head)
-		return; /* given in slot order only */
-	d->given++;
-	wmb(); /* the descriptor, then the bit that gives it to the engine */
-	WRITE_ONCE(desc->flags_len, cpu_to_le32(le32_to_cpu(desc->flags_len) | PLX_DMA_DESC_VALID));
+	/* Prepared slots are those from `given` (free running) to `head`. */
+	if (slot < 0 || (u32)slot >= d->count ||
+	    (((u32)slot - d->given) & mask) >= d->head - d->given)
+		return;
+	d->len[slot] |= PLX_DMA_READY;
+	/* The engine takes slots in ring order: submitted ones go as soon as those before do. */
+	wmb(); /* the descriptors, then the bits that give them to the engine */
+	while (d->given != d->head && (d->len[d->given & mask] & PLX_DMA_READY)) {
+		struct plx_dma_desc *desc = &d->ring[d->given & mask];
+
+		d->len[d->given & mask] &= ~PLX_DMA_READY;
+		WRITE_ONCE(desc->flags_len,
+			   cpu_to_le32(le32_to_cpu(desc->flags_len) | PLX_DMA_DESC_VALID));
+		d->given++;
+	}
 }
 
 void plx_dma_kick(struct plx_dma *d)
@@ -123,12 +136,9 @@ u16 plx_dma_irq(struct plx_dma *d)
 {
 	u16 s = plx_rd16(d->regs, PLX_DMA_INTR_STATUS);
 
-	if (!s)
+	if (!s || s == 0xffff) /* nothing, or the device is gone */
 		return 0;
 	plx_wr16(d->regs, PLX_DMA_INTR_STATUS, s);
-	/* A failed descriptor stopped the engine; the ones after it still run. */
-	if (s & PLX_DMA_INTR_ERROR)
-		plx_dma_kick(d);
 	return s;
 }
 
@@ -145,6 +155,8 @@ int plx_dma_stop(struct plx_dma *d)
 				rc = -ETIMEDOUT; /* it may still write the ring: keep it */
 		}
 	}
+	plx_wr16(d->regs, PLX_DMA_INTR_CTRL, 0);
+	plx_wr16(d->regs, PLX_DMA_INTR_STATUS, 0xffff);
 	plx_wr(d->regs, PLX_DMA_RING_COUNT, 0);
 	plx_wr(d->regs, PLX_DMA_RING_ADDR, 0);
 	plx_wr(d->regs, PLX_DMA_RING_ADDR_HI, 0);

@@ -9,8 +9,9 @@
  * destination). The engine runs the valid descriptors from its next pointer on and writes
  * each one back with VALID clear, a status (success, read failed, write failed) and the
  * bytes it moved. Descriptors complete in ring order. A failed descriptor stops the
- * engine: the next kick goes on after it. Through an NT window the engine writes to the
- * peer, if the NT port's requester-ID LUT lets the DMA function out (plx_nt.h).
+ * engine (an assumption the register model shares): the next kick goes on after it. Through an NT
+ * window the engine writes to the peer, if the NT port's requester-ID LUT lets the DMA function out
+ * (plx_nt.h).
  */
 #ifndef PCIENTB_KERNEL_PLX_DMA_H
 #define PCIENTB_KERNEL_PLX_DMA_H
@@ -85,14 +86,26 @@ int plx_dma_init(struct plx_dma *d, void __iomem *regs, struct plx_dma_desc *rin
 		 u32 count, u32 *len);
 /* A descriptor in the next slot, not yet given to the engine: its slot, or -ENOSPC. */
 int plx_dma_prep(struct plx_dma *d, u64 dst, u64 src, u32 len, bool irq);
-/* Gives prepared slot `slot` to the engine (in slot order; else ignored); kick starts it. */
+/*
+ * Submits prepared slot `slot`: it goes to the engine once every slot before it has gone
+ * (slots may be submitted in any order; one never submitted holds back those after it).
+ * Kick starts the engine on what was given.
+ */
 void plx_dma_submit(struct plx_dma *d, int slot);
 void plx_dma_kick(struct plx_dma *d);
 /* The oldest finished slot (its result and the bytes not moved), or -EAGAIN. */
 int plx_dma_reap(struct plx_dma *d, enum plx_dma_result *res, u32 *residue);
-/* From the interrupt handler: the status bits (cleared); after an error it kicks again. */
+/*
+ * From the interrupt handler: the status bits, cleared (0: none, or the device is gone).
+ * After PLX_DMA_INTR_ERROR the engine has stopped after the failed descriptor: the caller
+ * kicks it again, outside the handler, to run the ones after it.
+ */
 u16 plx_dma_irq(struct plx_dma *d);
-/* Pauses the engine and forgets the ring: what was not run is reaped as ABORTED. */
+/*
+ * Pauses the engine (then aborts it), disables its interrupts and forgets the ring: what
+ * was not run is reaped as ABORTED. -ETIMEDOUT: the engine did not stop, and may still
+ * write the ring and the buffers: the caller must cut its bus mastering before it reaps.
+ */
 int plx_dma_stop(struct plx_dma *d);
 
 #endif

@@ -121,6 +121,11 @@ static void mw_apply(struct plx_nt *nt, int i)
 	struct plx_mw *m = &nt->mw[i];
 	u64 off = mw_off(nt, i), data = m->size - off, bsize, setup = 0, e, esize;
 
+	if (i == nt->b2b_mw && !off) {
+		/* All of it reaches the peer's registers: no memory part, its link BAR off. */
+		wr_link_addr(nt, PLX_IF_BAR_SETUP(m->bar), m->is64 ? 0xc : 0, m->is64);
+		return;
+	}
 	if (mw_alut(nt, i))
 		bsize = data; /* the entries' permissions bound the access */
 	else
@@ -199,7 +204,28 @@ int plx_nt_start(struct plx_nt *nt, void __iomem *b2b_virt)
 	wr_virt(nt, PLX_IF_DB_CLEAR, PLX_DB_MASK);
 	plx_nt_init(nt);
 	wr_virt(nt, PLX_IF_LINK_ERR, PLX_LINK_ERR_ALL);
+	return 0;
+}
+
+void plx_nt_irq_on(struct plx_nt *nt)
+{
 	wr_virt(nt, PLX_IF_LINK_ERR_MASK, 0);
+}
+
+int plx_nt_isr(struct plx_nt *nt, u64 *db, u32 *errs)
+{
+	u32 raw = rd_virt(nt, PLX_IF_DB_SET);
+
+	*db = 0;
+	*errs = 0;
+	if (raw == 0xffffffff) /* a read of a device that is gone */
+		return -ENODEV;
+	*db = raw & PLX_DB_MASK & ~plx_nt_db_read_mask(nt);
+	/* The line is level-triggered: what is reported stays masked until the client has
+	 * cleared it and unmasks it. */
+	if (*db)
+		plx_nt_db_set_mask(nt, *db);
+	*errs = plx_nt_link_errors(nt);
 	return 0;
 }
 
@@ -370,9 +396,9 @@ void plx_nt_link_enable(struct plx_nt *nt, bool on)
 
 u32 plx_nt_link_errors(struct plx_nt *nt)
 {
-	u32 v = rd_virt(nt, PLX_IF_LINK_ERR) & PLX_LINK_ERR_ALL;
+	u32 raw = rd_virt(nt, PLX_IF_LINK_ERR), v = raw & PLX_LINK_ERR_ALL;
 
-	if (!v)
+	if (!v || raw == 0xffffffff) /* none, or the device is gone */
 		return 0;
 	wr_virt(nt, PLX_IF_LINK_ERR, v);
 	if (v & PLX_LINK_ERR_DL_DOWN)

@@ -15,6 +15,11 @@
  * two of at least 1 MiB, aligned to its size (the link BAR is sized to it: the chip has no
  * limit registers). 16 doorbells on one interrupt (INTx: the chip raises MSI only on a
  * 0 -> non-zero change), 8 scratchpads per side.
+ *
+ * mw_get_align reports 1 MiB (or an A-LUT entry) for both address and size alignment;
+ * without the A-LUT a translation must also be a power of two aligned to its own size,
+ * which the NTB API cannot say: 1 MiB satisfies both, and anything else is refused
+ * (-EINVAL), never rounded.
  */
 #ifndef PCIENTB_KERNEL_PLX_NT_H
 #define PCIENTB_KERNEL_PLX_NT_H
@@ -45,9 +50,10 @@ static inline void plx_wr16(void __iomem *base, u32 off, u16 val)
 	iowrite16(val, base + off);
 }
 
+/* Waits between register polls, in process context. */
 static inline void plx_delay_us(unsigned int us)
 {
-	udelay(us);
+	usleep_range(us, 2 * us);
 }
 #else
 #include "plx_nt_user.h" /* the register model's plx_rd/plx_wr, kernel types */
@@ -131,7 +137,8 @@ int plx_nt_identify(struct plx_nt *nt, void __iomem *regs, u32 nt_id);
 int plx_nt_add_mw(struct plx_nt *nt, int bar, bool is64, u64 phys, u64 size);
 /* A requester (bus, device; any function) whose accesses may cross: a DMA engine's. */
 int plx_nt_add_requester(struct plx_nt *nt, u8 bus, u8 dev);
-int plx_nt_start(struct plx_nt *nt, void __iomem *b2b_virt);
+int plx_nt_start(struct plx_nt *nt, void __iomem *b2b_virt); /* doorbells masked */
+void plx_nt_irq_on(struct plx_nt *nt); /* link errors raise the interrupt: after request_irq */
 void plx_nt_init(struct plx_nt *nt); /* the static configuration, also after DL_Down */
 void plx_nt_stop(struct plx_nt *nt);
 
@@ -159,10 +166,16 @@ int plx_nt_peer_spad_write(struct plx_nt *nt, int idx, u32 val);
 bool plx_nt_link_enabled(struct plx_nt *nt);
 void plx_nt_link_enable(struct plx_nt *nt, bool on);
 /*
- * From the interrupt handler: the link error bits that were set (cleared now). On
- * DL_Down the static configuration and the windows' translations are written again (the
- * chip reset the link interface); the caller reports a link event.
+ * The link error bits that were set (cleared now). On DL_Down the static configuration and
+ * the windows' translations are written again (the chip reset the link interface); the
+ * caller reports a link event.
  */
 u32 plx_nt_link_errors(struct plx_nt *nt);
+/*
+ * The interrupt handler's work: *db, the doorbells pending and unmasked (masked now, as
+ * the line is level-triggered: the client clears and unmasks them), *errs as above.
+ * -ENODEV: the registers read as all ones (the device is gone).
+ */
+int plx_nt_isr(struct plx_nt *nt, u64 *db, u32 *errs);
 
 #endif

@@ -40,6 +40,7 @@ struct Dma : ::testing::Test {
       ASSERT_EQ(plx_nt_add_mw(nt, 2, true, 0xd0000000, 16 * kMiB), 0);
       ASSERT_EQ(plx_nt_add_mw(nt, 4, true, 0xe0000000, 8 * kMiB), 0);
       ASSERT_EQ(plx_nt_start(nt, &c->bar_map[4]), 0);
+      plx_nt_irq_on(nt);
       plx_nt_link_enable(nt, true);
     }
     ASSERT_TRUE(f.link_up());
@@ -125,7 +126,7 @@ TEST_F(Dma, WithoutTheLutEntryTheWriteFailsAndNothingLands) {
   EXPECT_TRUE(f.a.dma.irq());  // the error interrupt
 }
 
-TEST_F(Dma, AFailedDescriptorStopsTheEngineTheHandlerGoesOnAfterIt) {
+TEST_F(Dma, AFailedDescriptorStopsTheEngineAKickGoesOnAfterIt) {
   start(false);
   auto src = pattern(4096, 4);
   std::memcpy(mem(kMiB), src.data(), src.size());
@@ -139,6 +140,8 @@ TEST_F(Dma, AFailedDescriptorStopsTheEngineTheHandlerGoesOnAfterIt) {
   EXPECT_EQ(std::get<1>(first[1]), PLX_DMA_READ_FAILED);
   EXPECT_EQ(std::get<2>(first[1]), 512u);
   EXPECT_EQ(plx_dma_irq(&d) & PLX_DMA_INTR_ERROR, PLX_DMA_INTR_ERROR);
+  EXPECT_TRUE(reap().empty());
+  plx_dma_kick(&d);  // what dma_plx.c's tasklet does after an error
   auto rest = reap();
   ASSERT_EQ(rest.size(), 1u);
   EXPECT_EQ(std::get<1>(rest[0]), PLX_DMA_OK);
@@ -178,18 +181,24 @@ TEST_F(Dma, RefusesWhatTheEngineCannotTake) {
   EXPECT_EQ(plx_dma_init(&other, &f.b.dma_map, ring, host(kRing), 4096, l.data()), -EINVAL);
 }
 
-TEST_F(Dma, SlotsAreGivenInOrderOnly) {
+// Submitted out of order, slots go to the engine in ring order: one waits for those before.
+TEST_F(Dma, SlotsSubmittedOutOfOrderGoInRingOrder) {
   start(false, 8);
   int s0 = plx_dma_prep(&d, host(2 * kMiB), host(kMiB), 64, false);
   int s1 = plx_dma_prep(&d, host(2 * kMiB + 64), host(kMiB), 64, false);
-  plx_dma_submit(&d, s1);  // before s0: ignored
+  plx_dma_submit(&d, s1);  // before s0: held back
   plx_dma_kick(&d);
   EXPECT_TRUE(reap().empty());
   EXPECT_EQ(f.a.dma.ran, 0u);
-  plx_dma_submit(&d, s0);
-  plx_dma_submit(&d, s1);
+  plx_dma_submit(&d, s0);  // both go
+  plx_dma_submit(&d, s0);  // again: nothing
+  plx_dma_submit(&d, 7);   // never prepared: nothing
   plx_dma_kick(&d);
-  EXPECT_EQ(reap().size(), 2u);
+  auto done = reap();
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(std::get<0>(done[0]), s0);
+  EXPECT_EQ(std::get<0>(done[1]), s1);
+  EXPECT_EQ(f.a.dma.ran, 2u);
 }
 
 TEST_F(Dma, StopAbortsWhatDidNotRun) {
@@ -202,7 +211,8 @@ TEST_F(Dma, StopAbortsWhatDidNotRun) {
   ASSERT_EQ(f.a.dma.step(1), 1);
   ASSERT_EQ(plx_dma_stop(&d), 0);
   EXPECT_FALSE(f.a.dma.running);
-  EXPECT_EQ(f.a.dma.count, 0u);  // the ring is forgotten
+  EXPECT_EQ(f.a.dma.count, 0u);      // the ring is forgotten
+  EXPECT_EQ(f.a.dma.intr_ctrl, 0u);  // and its interrupts off
   auto done = reap();
   ASSERT_EQ(done.size(), 5u);
   EXPECT_EQ(std::get<1>(done[0]), PLX_DMA_OK);

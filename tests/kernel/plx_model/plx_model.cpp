@@ -24,12 +24,14 @@ Chip::Chip(int ntx_, int port_, unsigned alut_bits, uint64_t ram_base_, size_t r
   regs[0x360 / 4] = (static_cast<uint32_t>(port) << (ntx ? 16 : 8)) | (alut_bits << 30);
   regs[port_control(port) / 4] = 1u << (port & 7);  // the link starts disabled
   regs[(nt_base() + kLinkErrMask) / 4] = 0xf;       // and its errors masked
+  regs[(nt_base() + 0xc90) / 4] = 0x0208;           // the NT function: bus 2, device 1
   for (int i = 0; i < 6; ++i) bar_map[i] = Mapping{this, i};
   dma.chip = this;
 }
 
 uint32_t Chip::read(uint32_t off) {
   const uint32_t v = nt_base();
+  if (!present) return ~0u;  // surprise removal: reads return all ones
   if (off == v + kDbSet || off == v + kDbClear) return db;
   if (off == v + kDbMaskSet || off == v + kDbMaskClear) return db_mask;
   if (off == v + kLinkErr) return link_err;
@@ -101,17 +103,29 @@ bool Chip::host_write(int n, uint64_t off, const void *src, size_t len) {
   return outbound(n, off, const_cast<void *>(src), len, true);
 }
 
-// The virtual interface's requester-ID LUT: 16 entries (bus, device, enable) from 0xD94.
-bool Chip::lets_out(uint16_t rid) const {
-  for (uint32_t i = 0; i < 16; ++i) {
-    const uint32_t e = (reg(nt_base() + 0xd94 + (i / 2) * 4) >> (16 * (i % 2))) & 0xffff;
-    if ((e & 1) && (e & 0xfff8) == (rid & 0xfff8)) return true;
-  }
-  return false;
-}
-
 bool Chip::host_read(int n, uint64_t off, void *dst, size_t len) {
   return outbound(n, off, dst, len, false);
+}
+
+// The virtual interface's requester-ID LUT: 16 entries (bus, device, enable) from 0xD94.
+// The index of the requester's entry (its requests cross the link as device `index` of
+// bus 0, function passed through), or -1.
+int Chip::lut_index(uint16_t rid) const {
+  for (uint32_t i = 0; i < 16; ++i) {
+    const uint32_t e = (reg(nt_base() + 0xd94 + (i / 2) * 4) >> (16 * (i % 2))) & 0xffff;
+    if ((e & 1) && (e & 0xfff8) == (rid & 0xfff8)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// The link interface's requester-ID LUT (32 entries from 0xDB4): whether a requester that
+// crossed as device `dev` of bus 0 is let in.
+bool Chip::lets_in(int dev) const {
+  for (uint32_t i = 0; i < 32; ++i) {
+    const uint32_t e = (reg(link_base() + 0xdb4 + (i / 2) * 4) >> (16 * (i % 2))) & 0xffff;
+    if ((e & 1) && (e & 0xfff8) == static_cast<uint32_t>(dev) << 3) return true;
+  }
+  return false;
 }
 
 bool Chip::outbound(int n, uint64_t off, void *dst, size_t len, bool write, uint16_t rid) {
@@ -125,22 +139,51 @@ bool Chip::outbound(int n, uint64_t off, void *dst, size_t len, bool write, uint
   if (!b || off > b->size || len > b->size - off) return drop();
   // Out of this host only if the requester-ID LUT lets the requester out (the CPU: the
   // root complex, 0:0.0), the link is up and no outbound A-LUT is on (not modelled).
-  if (!lets_out(rid) || !fabric->link_up() || (reg(link_base() + kAlutCtl) & kAlutOn))
-    return drop();
+  const int crossed = lut_index(rid);
+  if (crossed < 0 || !fabric->link_up() || (reg(link_base() + kAlutCtl) & kAlutOn)) return drop();
   uint64_t to = reg(v + 0xc3c + (n - 2) * 4);
   if (b->is64) to |= uint64_t{reg(v + 0xc3c + (n - 2) * 4 + 4)} << 32;
-  if (!peer->inbound(to + off, dst, len, write)) return drop();
+  if (!peer->inbound(to + off, dst, len, write, crossed)) return drop();
   ++counts.delivered;
   return true;
 }
 
-bool Chip::inbound(uint64_t addr, void *buf, size_t len, bool write) {
+// Link BAR j (2..5) as its setup and address registers make it (size 0: disabled).
+Chip::LinkBar Chip::link_bar(int j) const {
+  const uint32_t l = link_base(), setup = reg(l + 0xe8 + (j - 2) * 4);
+  LinkBar b{};
+  b.is64 = setup & 0x4;
+  uint64_t mask = setup & ~0xfffffull;
+  mask |= b.is64 ? uint64_t{reg(l + 0xe8 + (j - 1) * 4)} << 32 : 0xffffffff00000000ull;
+  b.base = reg(l + 0x10 + 4 * j) & ~0xfull;
+  if (b.is64) b.base |= uint64_t{reg(l + 0x14 + 4 * j)} << 32;
+  if ((mask & 0xfff00000ull) || (b.is64 && (mask >> 32))) b.size = ~mask + 1;
+  return b;
+}
+
+bool Chip::inbound(uint64_t addr, void *buf, size_t len, bool write, int dev) {
   const uint32_t l = link_base(), v = nt_base();
   auto refuse = [&] {
     ++counts.dropped;
     return false;
   };
-  if (!(reg(l + 0x04) & kCmdMem) || !(reg(l + 0xdb4) & 1)) return refuse();
+  if (!(reg(l + 0x04) & kCmdMem) || !lets_in(dev)) return refuse();
+  // Which BARs claim the address (bases masked to their size); more than one is a
+  // misconfiguration the access does not survive.
+  int claims = 0;
+  {
+    const uint32_t t = reg(l + 0xe4);
+    uint64_t b0 = reg(l + 0x10) & ~0xfull;
+    if (t == 3) b0 |= uint64_t{reg(l + 0x14)} << 32;
+    claims += (t == 2 || t == 3) && addr >= (b0 & ~uint64_t{kRegs - 1}) &&
+              addr - (b0 & ~uint64_t{kRegs - 1}) < kRegs;
+    for (int j = 2; j <= 5; ++j) {
+      const LinkBar b = link_bar(j);
+      claims += b.size && (addr & ~(b.size - 1)) == (b.base & ~(b.size - 1));
+      if (b.is64) ++j;
+    }
+  }
+  if (claims > 1) return refuse();
   // Link BAR0: this chip's registers (32-bit accesses).
   const uint32_t type = reg(l + 0xe4);
   if (type == 2 || type == 3) {
@@ -162,19 +205,11 @@ bool Chip::inbound(uint64_t addr, void *buf, size_t len, bool write) {
     }
   }
   for (int j = 2; j <= 5; ++j) {
-    const uint32_t setup = reg(l + 0xe8 + (j - 2) * 4);
-    const bool is64 = setup & 0x4;
-    uint64_t mask = setup & ~0xfffffull;
-    mask |= is64 ? uint64_t{reg(l + 0xe8 + (j - 1) * 4)} << 32 : 0xffffffff00000000ull;
-    uint64_t base = reg(l + 0x10 + 4 * j) & ~0xfull;
-    if (is64) base |= uint64_t{reg(l + 0x14 + 4 * j)} << 32;
+    const LinkBar lb = link_bar(j);
+    const bool is64 = lb.is64;
+    const uint64_t base = lb.base, size = lb.size;
     const int next = is64 ? j + 1 : j;
-    if (!(mask & 0xfff00000ull) && !(is64 && (mask >> 32))) {  // disabled
-      j = next;
-      continue;
-    }
-    const uint64_t size = ~mask + 1;
-    if (addr < base || addr - base >= size) {
+    if (!size || addr < base || addr - base >= size) {  // disabled, or not its address
       j = next;
       continue;
     }
@@ -207,9 +242,9 @@ bool Chip::inbound(uint64_t addr, void *buf, size_t len, bool write) {
   return refuse();
 }
 
-Fabric::Fabric(unsigned alut_bits_a, unsigned alut_bits_b)
-    : a(0, 8, alut_bits_a, 0x100000000ull, 32u << 20),
-      b(0, 8, alut_bits_b, 0x200000000ull, 32u << 20) {
+Fabric::Fabric(unsigned alut_bits_a, unsigned alut_bits_b, int ntx, uint64_t b_ram)
+    : a(ntx, ntx ? 17 : 8, alut_bits_a, 0x100000000ull, 32u << 20),
+      b(ntx, ntx ? 17 : 8, alut_bits_b, b_ram, 32u << 20) {
   a.peer = &b;
   b.peer = &a;
   a.fabric = b.fabric = this;

@@ -112,6 +112,7 @@ struct Chip {
   uint32_t db = 0, db_mask = 0, link_err = 0;
   Chip *peer = nullptr;
   Fabric *fabric = nullptr;
+  bool present = true;  // false: surprise removal
   Counts counts;
 
  private:
@@ -119,9 +120,15 @@ struct Chip {
   friend struct Dma;
   // An access through window BAR `bar` by requester `rid` (bus << 8 | device << 3).
   bool outbound(int bar, uint64_t off, void *buf, size_t len, bool write, uint16_t rid = 0);
-  bool lets_out(uint16_t rid) const;
+  struct LinkBar {
+    uint64_t base, size;
+    bool is64;
+  };
+  LinkBar link_bar(int j) const;
+  int lut_index(uint16_t rid) const;
+  bool lets_in(int dev) const;
   // An access that arrived at this chip's link interface.
-  bool inbound(uint64_t link_addr, void *buf, size_t len, bool write);
+  bool inbound(uint64_t link_addr, void *buf, size_t len, bool write, int dev);
   unsigned alut() const;
   uint32_t alut_reg(uint32_t e) const;
   void reset_link_side();
@@ -129,7 +136,8 @@ struct Chip {
 
 // Two hosts and their chips, back to back.
 struct Fabric {
-  Fabric(unsigned alut_bits_a, unsigned alut_bits_b);
+  // Both chips' NTs are NTx `ntx` (port 8, or 17 for NT1); B's memory starts at b_ram.
+  Fabric(unsigned alut_bits_a, unsigned alut_bits_b, int ntx = 0, uint64_t b_ram = 0x200000000ull);
   bool link_up() const;
   // Pulls or plugs the cable; a link that goes down reports DL_Down on both sides.
   void set_cable(bool in);
