@@ -607,15 +607,19 @@ uint64_t progress_qp(Qp *qp) {
   // the message and may exit right after, and this thread looks at deadlines before it
   // takes what arrived.
   const bool answers = qp->link && qp->ctx->node->answers_waiting(*qp->link);
-  if (answers) {
+  const uint64_t soon = now + kAnswersFirstNs;
+  if (answers && gone) {
     gone = false;
-    next = now + kAnswersFirstNs;
+    next = soon;
   }
   for (size_t k = 0; k < qp->sent.size(); ++k) {
     SendWqe &w = qp->sent[k];
     if (w.done) continue;
-    if (gone && retry_unanswered(qp, k)) break;     // it and the WRs after it went back
-    if (answers && now >= w.deadline_ns) continue;  // looked at again by `next`
+    if (gone && retry_unanswered(qp, k)) break;  // it and the WRs after it went back
+    if (answers && now >= w.deadline_ns) {       // looked at again once they are taken
+      next = next ? std::min(next, soon) : soon;
+      continue;
+    }
     if (gone || now >= w.deadline_ns) {
       w.done = true;
       w.status = IBV_WC_RETRY_EXC_ERR;
