@@ -39,8 +39,9 @@ EngineEnd::EngineEnd(const char *fabric, size_t buffer_size, uint32_t depth)
   a.recv_cq = a.send_cq;
   a.cap.max_send_wr = depth;
   a.cap.max_recv_wr = depth;
-  a.cap.max_send_sge = 1;
+  a.cap.max_send_sge = 4;
   a.cap.max_recv_sge = 1;
+  a.cap.max_inline_data = 256;
   a.comp_mask = IBV_QP_INIT_ATTR_PD;
   a.pd = &pd_->ibv;
   qp_ = eng::create_qp(ctx_, &a, &err);

@@ -186,6 +186,56 @@ TEST_F(EngineOnFake, LaneFullAndGoBacksDelaySendsToALiveTargetButFailNone) {
   EXPECT_EQ(b->poll(kCount, 20000).size(), kCount);
 }
 
+// Inline SENDs keep the bytes they had when posted, even when they are sent again after
+// receiver-not-ready answers and the caller reused its buffer at once: short ones (held
+// in the WR itself) and longer ones (held on the heap), from one piece or several.
+TEST_F(EngineOnFake, InlineSendsSentAgainAfterRnrCarryTheBytesOfTheirPost) {
+  connect_pair();
+  struct Msg {
+    uint32_t len, pieces;
+  };
+  const Msg msgs[] = {{8, 1}, {64, 1}, {64, 3}, {65, 2}, {200, 4}, {256, 1}, {0, 1}};
+  uint8_t data[256];
+  for (size_t m = 0; m < std::size(msgs); ++m) {
+    for (uint32_t i = 0; i < msgs[m].len; ++i) data[i] = static_cast<uint8_t>(m * 31 + i);
+    ibv_sge sge[4];
+    const uint32_t step = (msgs[m].len + msgs[m].pieces - 1) / msgs[m].pieces;
+    for (uint32_t p = 0, at = 0; p < msgs[m].pieces; ++p, at += step) {
+      const uint32_t n = std::min(step, msgs[m].len - std::min(at, msgs[m].len));
+      sge[p] = ibv_sge{reinterpret_cast<uint64_t>(data + std::min(at, msgs[m].len)), n, 0};
+    }
+    ibv_send_wr wr{};
+    wr.wr_id = m;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    wr.sg_list = sge;
+    wr.num_sge = static_cast<int>(msgs[m].pieces);
+    ibv_send_wr *bad = nullptr;
+    ASSERT_EQ(0, engine::post_send(a->qp(), &wr, &bad)) << "message " << m;
+    memset(data, 0xee, sizeof data);
+  }
+  // No receive yet: B answers RNR, A sends everything again after the timer.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_TRUE(b->poll(0).empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (size_t m = 0; m < std::size(msgs); ++m) ASSERT_EQ(0, b->post_recv(m, m * 1024, 1024));
+  auto sends = a->poll(std::size(msgs), 5000);
+  auto recvs = b->poll(std::size(msgs), 5000);
+  ASSERT_EQ(sends.size(), std::size(msgs));
+  ASSERT_EQ(recvs.size(), std::size(msgs));
+  for (size_t m = 0; m < std::size(msgs); ++m) {
+    EXPECT_EQ(sends[m].status, IBV_WC_SUCCESS) << "message " << m;
+    EXPECT_EQ(recvs[m].status, IBV_WC_SUCCESS) << "message " << m;
+    ASSERT_EQ(recvs[m].wr_id, m);
+    ASSERT_EQ(recvs[m].byte_len, msgs[m].len);
+    for (uint32_t i = 0; i < msgs[m].len; ++i)
+      ASSERT_EQ(b->buf()[m * 1024 + i], static_cast<uint8_t>(m * 31 + i))
+          << "message " << m << ", byte " << i;
+  }
+  EXPECT_GT(a->qp()->stats->rnr_retries.get(), 0u) << "no go-back happened: the test shows nothing";
+}
+
 // The QP state rules: transitions an HCA refuses leave the QP as it was.
 TEST_F(EngineOnFake, RefusedTransitionsLeaveTheQpAsItWas) {
   a = std::make_unique<EngineEnd>("engine_rules", 4096);

@@ -83,7 +83,10 @@ ibv_wc_status local_gather(Qp *qp, const SendWqe &w, bool dest, Gather *g) {
         !mr_check(mrs, s.lkey, false, qp->pd->id, dest ? IBV_ACCESS_LOCAL_WRITE : 0, s.addr,
                   s.length, &mr))
       return IBV_WC_LOC_PROT_ERR;
-    g->ptr[g->n] = reinterpret_cast<const uint8_t *>(inl || !s.length ? s.addr : va_of(mr, s.addr));
+    g->ptr[g->n] =
+        w.holds_inline
+            ? w.held()
+            : reinterpret_cast<const uint8_t *>(inl || !s.length ? s.addr : va_of(mr, s.addr));
     g->len[g->n] = s.length;
     g->win[g->n] = inl || !s.length ? fabric::WindowId{} : mr.window;
     g->n++;
@@ -334,10 +337,11 @@ void enter_error_locked(Qp *qp) {
 // first that failed fails the QP. With sq_mu held.
 void drain_sent(Qp *qp) {
   while (!qp->sent.empty() && qp->sent.front().done) {
-    SendWqe w = std::move(qp->sent.front());
-    qp->sent.pop_front();
+    const SendWqe &w = qp->sent.front();
     complete(qp, w, w.status, w.byte_len);
-    if (w.status != IBV_WC_SUCCESS) {
+    const ibv_wc_status status = w.status;
+    qp->sent.pop_front();
+    if (status != IBV_WC_SUCCESS) {
       enter_error_locked(qp);
       return;
     }
@@ -361,14 +365,10 @@ bool behind_answers(const Qp *qp, const SendWqe &w) {
 // A WR that may be executed again (it waits, or a go-back may resend it)
 // keeps its inline data: the caller's buffer may be reused once posted.
 void own_inline(SendWqe &k) {
-  if (!(k.flags & IBV_SEND_INLINE) || !k.inline_copy.empty()) return;
-  for (uint32_t i = 0; i < k.num_sge; ++i) {
-    auto *p = reinterpret_cast<const uint8_t *>(k.sge[i].addr);
-    k.inline_copy.insert(k.inline_copy.end(), p, p + k.sge[i].length);
-  }
-  k.num_sge = 1;
-  k.sge[0] = ibv_sge{reinterpret_cast<uint64_t>(k.inline_copy.data()),
-                     static_cast<uint32_t>(k.inline_copy.size()), 0};
+  if (!(k.flags & IBV_SEND_INLINE) || k.holds_inline) return;
+  ibv_sge pieces[kMaxSge];
+  memcpy(pieces, k.sge, k.num_sge * sizeof(ibv_sge));
+  k.hold_inline(pieces, k.num_sge);
 }
 
 // Applies one attempt's result to w (not in the backlog, or its front): a
@@ -458,9 +458,13 @@ uint64_t submit(Qp *qp, SendWqe &&w) {
   }
   Settled r = settle(qp, w, execute(qp, w));
   if (r == Settled::failed) enter_error_locked(qp);
-  // The progress thread watches the answers' deadlines while any is due
-  // (a QP with older requests out is watched already).
-  if (r == Settled::sent) return qp->sent.size() == 1 ? qp->sent.back().deadline_ns : 0;
+  // The progress thread watches the answers' deadlines while any is due.
+  if (r == Settled::sent) {
+    const uint64_t d = qp->sent.back().deadline_ns;
+    if (qp->watched_at && qp->watched_at <= d) return 0;
+    qp->watched_at = d;
+    return d;
+  }
   if (r != Settled::waits) return 0;
   keep(qp, std::move(w));
   return 1;
@@ -592,8 +596,17 @@ bool retry_unanswered(Qp *qp, size_t k) {
 }
 }  // namespace
 
+namespace {
+uint64_t progress_qp_locked(Qp *qp);
+}
+
 uint64_t progress_qp(Qp *qp) {
   std::lock_guard<SpinLock> g(qp->sq_mu);
+  return qp->watched_at = progress_qp_locked(qp);  // 0: the caller stops watching it
+}
+
+namespace {
+uint64_t progress_qp_locked(Qp *qp) {
   ibv_qp_state st = qp->state();
   if (st == IBV_QPS_ERR) {
     enter_error_locked(qp);
@@ -635,7 +648,6 @@ uint64_t progress_qp(Qp *qp) {
   return run_backlog(qp, next);
 }
 
-namespace {
 // Executes the backlog's WRs that are due, in order, until one must wait
 // (its time, or an answer to a request before it). With sq_mu held, in RTS.
 // Returns when to look again (0: only an answer or a post will need it).

@@ -463,10 +463,25 @@ bool serve_in_order(Node &node, fabric::Peer &from, const RecordHead &h, AnswerR
 
 }  // namespace
 
-void commit_receipt(Node &node, const Receipt &r) {
+void receipt_claim(Node &node, Receipt &r) {
   if (!r.qp) return;
-  complete_to(node, r.qp, r.cq, r.wc, r.solicited);
+  r.slot = cq_claim(node.fab(), node.self(), r.cq, &r.pos);
+  if (!r.slot) qp_overran(node, r.qp);
+}
+
+void receipt_publish(Node &node, const Receipt &r) {
+  if (!r.qp) return;
+  if (r.slot) {
+    r.slot->wc = r.wc;
+    r.slot->sq_ticket = 0;
+    cq_commit(node.fab(), node.self(), r.cq, r.pos, r.solicited);
+  }
   if (r.fail) fail_target(node, r.qp);
+}
+
+void commit_receipt(Node &node, Receipt &r) {
+  receipt_claim(node, r);
+  receipt_publish(node, r);
 }
 
 bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, uint16_t cells,

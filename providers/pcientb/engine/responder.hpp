@@ -21,7 +21,15 @@ struct RecvCopy {
 struct Gather {
   const uint8_t *ptr[kMaxSge + 1];
   uint64_t len[kMaxSge + 1];
-  fabric::WindowId win[kMaxSge + 1];
+  // Filled as far as n, not zeroed up front (a small SEND's post paid for that).
+  struct Windows {
+    union {
+      fabric::WindowId v[kMaxSge + 1];
+    };
+    Windows() {}
+    fabric::WindowId &operator[](size_t i) { return v[i]; }
+    const fabric::WindowId &operator[](size_t i) const { return v[i]; }
+  } win;
   uint32_t n = 0;
 };
 
@@ -81,16 +89,24 @@ void last_wqe_reached(Node &node, QpShared *qp);
 
 // The receive completion a served request makes, not added yet: its answer
 // goes first (a program that sees the receive and replies must not overtake
-// the answer), then commit_receipt adds it. Not claimed before: a claimed
-// slot not yet published would hide later entries of the CQ from its poller.
+// the answer), then commit_receipt adds it. Not claimed while requests are
+// served: a claimed slot not yet published hides later entries of the CQ
+// from its poller (receipt_claim comes just before the answer goes).
 struct Receipt {
   QpShared *qp = nullptr;  // nullptr: none
   CqShared *cq = nullptr;
   ibv_wc wc;
   bool solicited = false;
-  bool fail = false;  // a responder error: the QP fails once it is added
+  bool fail = false;        // a responder error: the QP fails once it is added
+  CqEntry *slot = nullptr;  // claimed (receipt_claim), not published yet
+  uint64_t pos = 0;
 };
-void commit_receipt(Node &node, const Receipt &r);
+void commit_receipt(Node &node, Receipt &r);
+// commit_receipt in two steps: the CQ slot claimed (a locked instruction)
+// before the answer's stores, published after them, so that no locked
+// instruction waits for those stores to reach the requester.
+void receipt_claim(Node &node, Receipt &r);
+void receipt_publish(Node &node, const Receipt &r);
 
 // Executes a request a peer (`from`) posted to this node's lane: the record
 // of `cells` cells at h (checked to lie in the lane; h->cells is not read). Fills in the answer and

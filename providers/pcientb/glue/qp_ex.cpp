@@ -123,6 +123,7 @@ void wr_set_ud_addr(ibv_qp_ex *q, ibv_ah *ah, uint32_t remote_qpn, uint32_t remo
 
 void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
   if (SendWqe *w = current(q)) {
+    w->holds_inline = false;  // the last setter of the data wins
     w->num_sge = 1;
     w->sge[0] = ibv_sge{addr, length, lkey};
   }
@@ -131,6 +132,7 @@ void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
 void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *list) {
   SendWqe *w = current(q);
   if (!w) return;
+  w->holds_inline = false;  // the last setter of the data wins
   if (n > engine::kMaxSge) {
     of(q)->batch_err = EINVAL;
     return;
@@ -143,15 +145,7 @@ void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *list) {
 void wr_set_inline_data_list(ibv_qp_ex *q, size_t n, const ibv_data_buf *bufs) {
   SendWqe *w = current(q);
   if (!w) return;
-  w->inline_copy.clear();
-  for (size_t i = 0; i < n; ++i) {
-    auto *p = static_cast<const uint8_t *>(bufs[i].addr);
-    w->inline_copy.insert(w->inline_copy.end(), p, p + bufs[i].length);
-  }
-  w->flags |= IBV_SEND_INLINE;
-  w->num_sge = 1;
-  w->sge[0] = ibv_sge{reinterpret_cast<uint64_t>(w->inline_copy.data()),
-                      static_cast<uint32_t>(w->inline_copy.size()), 0};
+  w->hold_inline(bufs, n);
 }
 
 void wr_set_inline_data(ibv_qp_ex *q, void *addr, size_t length) {

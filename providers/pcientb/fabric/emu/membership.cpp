@@ -95,11 +95,17 @@ namespace {
 
 // The engine's layout mixed with this backend's own (FNV-1a over the sizes peers rely on).
 uint32_t fabric_layout(uint32_t engine) {
-  const uint64_t parts[] = {engine,           sizeof(TableFile),
-                            sizeof(NodeSlot), sizeof(SegHeader),
-                            kMaxWindows,      kMaxExtents,
-                            kMaxChunks,       sizeof(WindowEntry),
-                            kAreaSize,        offsetof(SegHeader, life)};
+  const uint64_t parts[] = {engine,
+                            sizeof(TableFile),
+                            sizeof(NodeSlot),
+                            sizeof(SegHeader),
+                            kMaxWindows,
+                            kMaxExtents,
+                            kMaxChunks,
+                            sizeof(WindowEntry),
+                            kAreaSize,
+                            offsetof(SegHeader, life),
+                            offsetof(SegHeader, quiet_until)};
   uint32_t h = 2166136261u;
   for (uint64_t p : parts)
     for (int i = 0; i < 8; ++i) h = (h ^ uint8_t(p >> (8 * i))) * 16777619u;
