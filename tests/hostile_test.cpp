@@ -55,11 +55,12 @@ void attack(uint16_t victim_lid, uint32_t victim_qpn, uint64_t victim_addr, uint
       auto *r = reinterpret_cast<eng::SendRecord *>(junk);
       r->head.type = eng::kRecSend;
       r->head.qpn = victim_qpn;
-      r->opcode = i % 2 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_SEND;
+      r->opcode = static_cast<uint8_t>(i % 2 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_SEND);
       r->rkey = victim_rkey;
-      r->remote_addr = victim_addr + rnd() % 512;
+      const uint64_t remote_addr = victim_addr + rnd() % 512;  // read for a WRITE only
+      memcpy(junk + sizeof *r, &remote_addr, sizeof remote_addr);
       r->byte_len = static_cast<uint32_t>(rnd() % 600);
-      r->pieces = static_cast<uint32_t>(rnd() % 3);
+      r->pieces = static_cast<uint16_t>(rnd() % 3);
     }
     size_t len = sizeof(eng::RecordHead) + rnd() % (sizeof junk - sizeof(eng::RecordHead));
     std::lock_guard<eng::SpinLock> g(link->req_mu);

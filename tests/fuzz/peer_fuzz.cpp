@@ -218,15 +218,17 @@ struct World {
           a->addr = addr;
         } else {
           s->rkey = victim->rkey();
-          s->remote_addr = addr;
+          memcpy(rec + sizeof *s, &addr,
+                 sizeof addr);  // a WRITE's remote address follows the record
         }
       }
       if (make & 64) {  // pieces in the peer's window
         auto *s = reinterpret_cast<eng::SendRecord *>(rec);
-        auto *pc = reinterpret_cast<eng::Piece *>(s + 1);
-        s->pieces = std::min<uint32_t>(s->pieces, eng::kMaxSge + 1);
+        const size_t header = sizeof *s + eng::send_extra(s->opcode);
+        auto *pc = reinterpret_cast<eng::Piece *>(rec + header);
+        s->pieces = static_cast<uint16_t>(std::min<uint32_t>(s->pieces, eng::kMaxSge + 1));
         for (uint32_t i = 0; i < s->pieces; ++i) pc[i].window = window;
-        len = std::max(len, sizeof *s + s->pieces * sizeof(eng::Piece));
+        len = std::max(len, header + s->pieces * sizeof(eng::Piece));
       }
     }
     eng::lane_put(*peer, *at_victim, lane, h, len);  // full: dropped, as the victim is behind

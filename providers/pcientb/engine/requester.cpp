@@ -121,13 +121,13 @@ bool put_request(fabric::Fabric &fab, fabric::Peer &peer, OutLink &l, RecordHead
 
 // A message too long to go inline names the pieces of this node's windows
 // the target pulls its bytes from. Returns the record's length.
-size_t add_pieces(SendRecord *r, const Gather &src) {
-  auto *p = reinterpret_cast<Piece *>(r + 1);
+size_t add_pieces(SendRecord *r, size_t header, const Gather &src) {
+  auto *p = reinterpret_cast<Piece *>(reinterpret_cast<uint8_t *>(r) + header);
   r->pieces = 0;
   for (uint32_t i = 0; i < src.n; ++i)
     if (src.len[i])
       p[r->pieces++] = Piece{src.win[i], reinterpret_cast<uint64_t>(src.ptr[i]), src.len[i]};
-  return sizeof *r + r->pieces * sizeof(Piece);
+  return header + r->pieces * sizeof(Piece);
 }
 
 void fill_grh(Qp *qp, const Ah *ah, uint32_t payload, uint8_t *grh) {
@@ -268,19 +268,20 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
       // Executed by the target: it takes the receive from its own queue,
       // places the bytes (a WRITE's after checking the rkey in its own
       // table) and completes into its own CQ; the answer completes the WR.
-      alignas(8) uint8_t buf[sizeof(SendRecord) + (kMaxSge + 1) * sizeof(Piece)];
+      alignas(8) uint8_t buf[sizeof(SendRecord) + sizeof(uint64_t) + (kMaxSge + 1) * sizeof(Piece)];
       auto *r = new (buf) SendRecord{};
       r->head.type = kRecSend;
       stamp(qp, w, &r->head, dqpn);
-      r->opcode = w.opcode;
+      r->opcode = static_cast<uint8_t>(w.opcode);
       r->solicited = (w.flags & IBV_SEND_SOLICITED) != 0;
       r->imm = w.imm;
-      r->remote_addr = w.remote_addr;
       r->rkey = w.rkey;
       r->byte_len = static_cast<uint32_t>(len);
+      const size_t header = sizeof *r + send_extra(w.opcode);
+      if (header > sizeof *r) memcpy(buf + sizeof *r, &w.remote_addr, sizeof w.remote_addr);
       // Short: the bytes follow the record in the lane, posted from where they are.
-      if (len <= kRecordInline) return sent(&r->head, sizeof *r, &src);
-      return sent(&r->head, add_pieces(r, src));
+      if (len <= kRecordInline) return sent(&r->head, header, &src);
+      return sent(&r->head, add_pieces(r, header, src));
     }
     default:
       return done(IBV_WC_LOC_QP_OP_ERR);

@@ -292,8 +292,8 @@ void tear(Qp *t, const RecvCopy &r) {
   t->sh->torn.store(1, std::memory_order_release);
 }
 
-void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, const uint8_t *after,
-                size_t room, AnswerRecord *answer, Receipt *out) {
+void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, uint64_t remote_addr,
+                const uint8_t *after, size_t room, AnswerRecord *answer, Receipt *out) {
   answer->status = IBV_WC_REM_INV_REQ_ERR;
   const bool write_imm = r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
   Source src;
@@ -304,7 +304,7 @@ void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, cons
   MrShared mr;
   if (write_imm && r.byte_len &&
       (!(t->sh->access & IBV_ACCESS_REMOTE_WRITE) ||
-       !mr_check(root->mrs, r.rkey, true, t->sh->pd, IBV_ACCESS_REMOTE_WRITE, r.remote_addr,
+       !mr_check(root->mrs, r.rkey, true, t->sh->pd, IBV_ACCESS_REMOTE_WRITE, remote_addr,
                  r.byte_len, &mr))) {
     answer->status = IBV_WC_REM_ACCESS_ERR;
     return;
@@ -329,7 +329,7 @@ void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, cons
   }
   Dest dst;
   if (write_imm) {
-    dst.ptr[0] = reinterpret_cast<uint8_t *>(va_of(mr, r.remote_addr));
+    dst.ptr[0] = reinterpret_cast<uint8_t *>(va_of(mr, remote_addr));
     dst.len[0] = r.byte_len;
     dst.n = r.byte_len ? 1 : 0;
   } else if ((wc.status = receive_dest(root, receive_queue(t)->pd, wqe, r.byte_len, &dst)) !=
@@ -496,8 +496,12 @@ bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, uint16_t
       SendRecord r;
       if (size < sizeof r) return false;
       memcpy(static_cast<void *>(&r), bytes, sizeof r);
+      const size_t header = sizeof r + send_extra(r.opcode);
+      if (size < header) return false;
+      uint64_t remote_addr = 0;
+      memcpy(&remote_addr, bytes + sizeof r, header - sizeof r);
       return serve_in_order(node, from, r.head, answer, [&](Qp *t) {
-        serve_send(node, from, t, r, bytes + sizeof r, size - sizeof r, answer, receipt);
+        serve_send(node, from, t, r, remote_addr, bytes + header, size - header, answer, receipt);
       });
     }
     case kRecAtomic: {
