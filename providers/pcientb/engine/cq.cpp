@@ -1,5 +1,9 @@
 // Completion queues: the ring in this node's area that local and remote
 // producers fill, polling (classic and extended), arming and events.
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -7,6 +11,31 @@
 
 namespace pcientb::engine {
 namespace {
+
+// A producer publishes an entry, then looks whether the CQ is armed; the
+// consumer arms, then polls: one of them must see the other (Dekker), which
+// takes a fence on each side. The producer's came right after the stores of
+// the answer it sent (serve_requests_locked) and waited for them to reach
+// the requester's core, on every completion of a CQ with a channel (UCX
+// polls such CQs and never arms them). So while a CQ has never been armed
+// its producers (all threads of this process) publish without a fence, and
+// the first arm makes up for every fence skipped with a membarrier (each
+// thread of the process passes a full barrier), then has them fence again.
+constexpr uint32_t kFenceNone = 0, kFenceComing = 1, kFenceAlways = 2;
+
+bool membarrier_registered() {
+  static const bool ok =
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  return ok;
+}
+
+// Every thread of the process passes a full barrier; false if that cannot be had.
+bool barrier_all_threads() {
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return true;
+  // A forked child may have to register again.
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 &&
+         syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
 
 // Small CQs get room to grow in place: an untouched ring costs no memory.
 constexpr uint32_t kMinCqCapacity = 4096;
@@ -162,6 +191,7 @@ Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex
   cq->sh->channel = channel ? Doorbell{channel->wfd, 0, channel->ino} : Doorbell{-1, 0, 0};
   cq->sh->async = ctx->async_doorbell();
   cq->sh->handle = reinterpret_cast<uint64_t>(&cq->ibv);
+  cq->sh->fence.store(membarrier_registered() ? kFenceNone : kFenceAlways);
   cq->ibv.cqe = cqe;  // it holds more (capacity); applications size their work by this
   init_cq_ex(cq);
   node.add_cq(cq);
@@ -195,7 +225,25 @@ bool cq_pending(Cq *cq) {
 }
 
 int req_notify_cq(Cq *cq, bool solicited_only) {
-  cq->sh->armed.store(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
+  CqShared *sh = cq->sh;
+  sh->armed.store(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
+  if (sh->fence.load(std::memory_order_acquire) != kFenceAlways) {
+    // Producers that skipped their fence published before the barrier they
+    // pass now (the caller's poll after arming sees it) or see the arm after.
+    sh->fence.store(kFenceComing, std::memory_order_seq_cst);
+    if (barrier_all_threads()) {
+      sh->fence.store(kFenceAlways, std::memory_order_release);
+    } else if (sh->channel.fd >= 0) {
+      // No barrier to be had: an event now, perhaps for nothing (the caller
+      // polls, finds nothing and arms again), rather than one missed.
+      uint32_t a = sh->armed.load(std::memory_order_relaxed);
+      if (a != kDisarmed && sh->armed.compare_exchange_strong(a, kDisarmed)) {
+        uint64_t handle = sh->handle;
+        ring_doorbell(cq->ctx->node->fab(), cq->ctx->node->self(), sh->channel, &handle,
+                      sizeof handle);
+      }
+    }
+  }
   // Completions come from what peers post (requests, answers): they must
   // ring this node while it sleeps on the event.
   cq->ctx->node->stop_polling();
@@ -222,6 +270,7 @@ int resize_cq(Cq *cq, int cqe) {
   sh->async = cq->sh->async;
   sh->handle = cq->sh->handle;
   sh->armed.store(cq->sh->armed.load());
+  sh->fence.store(cq->sh->fence.load());
   ring_init(&sh->ring, capacity, kCqSlotSize);
   uint64_t from;
   while (RingSlot *old = mpsc_peek(&cq->sh->ring, &from)) {
@@ -274,8 +323,12 @@ void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t 
   ring_publish(&cq->ring, s, pos);
   if (cq->channel.fd < 0) return;  // no channel: no event to raise
   // Pairs with the seq_cst store in req_notify_cq: either the owner sees the
-  // entry when it polls after arming, or we see the arm.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // entry when it polls after arming, or we see the arm (kFenceNone: the
+  // arm's membarrier is this fence).
+  if (cq->fence.load(std::memory_order_relaxed) != kFenceNone)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  else
+    std::atomic_signal_fence(std::memory_order_seq_cst);
   uint32_t a = cq->armed.load(std::memory_order_relaxed);
   if (a == kArmNext || (a == kArmSolicited && (solicited || failed))) {
     if (cq->armed.compare_exchange_strong(a, kDisarmed)) {

@@ -189,6 +189,9 @@ constexpr uint32_t kCqSlotSize = 64;
 struct CqShared {
   std::atomic<uint32_t> armed;
   std::atomic<uint32_t> overflow;
+  // Whether a producer fences between publishing an entry and looking at
+  // `armed` (cq.cpp, kFence*); all producers are threads of the owner.
+  std::atomic<uint32_t> fence;
   Doorbell channel;  // completion channel of the owner
   Doorbell async;    // async events of the owner's context
   uint64_t handle;   // the owner's struct ibv_cq *
