@@ -5,7 +5,9 @@
 #include <arpa/inet.h>
 
 #include <array>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace pcientb::test {
@@ -208,6 +210,58 @@ TEST(QpEx, WrSetInlineDataIsCopiedAtPostTime) {
         EXPECT_EQ(a.wait_wc().status, IBV_WC_SUCCESS);
       },
       [](Channel &ch) { receive_one_message(ch, RcOptions{}, 40, 5); });
+}
+
+// Inline data of a batch, short (held in the WR) and long (held on the heap, from two
+// pieces), still carries the bytes of its post when it is sent again after the receiver
+// was not ready (RNR); an SGE set after the inline data replaces it.
+TEST(QpEx, InlineDataOfABatchSurvivesAnRnrGoBack) {
+  RcOptions opts = qp_ex_options();
+  opts.max_inline = 256;
+  two_process(
+      [opts](Channel &ch) {
+        RcEnd a(opts);
+        a.connect(ch);
+        std::array<uint8_t, 40> small;
+        std::array<uint8_t, 200> large;
+        fill_pattern(small, 11);
+        fill_pattern(large, 12);
+        fill_pattern(a.buf.span(0, 64), 13);
+        ibv_qp_ex *qpx = start(a, 1, IBV_SEND_SIGNALED);
+        ibv_wr_send(qpx);
+        ibv_wr_set_inline_data(qpx, small.data(), small.size());
+        qpx->wr_id = 2;
+        ibv_wr_send(qpx);
+        ibv_data_buf pieces[2] = {{large.data(), 120}, {large.data() + 120, 80}};
+        ibv_wr_set_inline_data_list(qpx, 2, pieces);
+        qpx->wr_id = 3;
+        ibv_wr_send(qpx);
+        ibv_wr_set_inline_data(qpx, small.data(), small.size());
+        ibv_wr_set_sge(qpx, a.buf.mr->lkey, a.buf.addr(0), 64);  // the last setter wins
+        ASSERT_EQ(0, ibv_wr_complete(qpx));
+        small.fill(0);
+        large.fill(0);
+        for (uint64_t id = 1; id <= 3; ++id) {
+          ibv_wc wc = a.wait_wc();
+          EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+          EXPECT_EQ(wc.wr_id, id);
+        }
+      },
+      [opts](Channel &ch) {
+        RcEnd b(opts);
+        b.connect(ch);
+        // No receive yet: the sender's SENDs are refused (RNR) and sent again.
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        for (uint64_t id = 1; id <= 3; ++id) ASSERT_EQ(0, b.post_recv(id, id * 1024, 1024));
+        const uint32_t len[] = {40, 200, 64}, seed[] = {11, 12, 13};
+        for (int i = 0; i < 3; ++i) {
+          ibv_wc wc = b.wait_wc();
+          ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+          ASSERT_EQ(wc.wr_id, i + 1u);
+          EXPECT_EQ(wc.byte_len, len[i]);
+          EXPECT_TRUE(has_pattern(b.buf.span((i + 1) * 1024, len[i]), seed[i])) << "message " << i;
+        }
+      });
 }
 
 TEST(QpEx, SeveralWrsInOneBatchCompleteInOrder) {

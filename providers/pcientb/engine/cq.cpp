@@ -21,20 +21,27 @@ namespace {
 // its producers (all threads of this process) publish without a fence, and
 // the first arm makes up for every fence skipped with a membarrier (each
 // thread of the process passes a full barrier), then has them fence again.
+// (A forked child maps its parent's area but uses contexts of its own: it
+// produces nothing into the parent's CQs.)
 constexpr uint32_t kFenceNone = 0, kFenceComing = 1, kFenceAlways = 2;
+
+std::atomic<bool> membarrier_failed{false};  // once: CQs made from then on always fence
 
 bool membarrier_registered() {
   static const bool ok =
       syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-  return ok;
+  return ok && !membarrier_failed.load(std::memory_order_relaxed);
 }
 
 // Every thread of the process passes a full barrier; false if that cannot be had.
 bool barrier_all_threads() {
   if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return true;
   // A forked child may have to register again.
-  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 &&
-         syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 &&
+      syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+    return true;
+  membarrier_failed.store(true, std::memory_order_relaxed);
+  return false;
 }
 
 // Small CQs get room to grow in place: an untouched ring costs no memory.
@@ -231,11 +238,10 @@ int req_notify_cq(Cq *cq, bool solicited_only) {
     // Producers that skipped their fence published before the barrier they
     // pass now (the caller's poll after arming sees it) or see the arm after.
     sh->fence.store(kFenceComing, std::memory_order_seq_cst);
-    if (barrier_all_threads()) {
-      sh->fence.store(kFenceAlways, std::memory_order_release);
-    } else if (sh->channel.fd >= 0) {
-      // No barrier to be had: an event now, perhaps for nothing (the caller
-      // polls, finds nothing and arms again), rather than one missed.
+    if (!barrier_all_threads() && sh->channel.fd >= 0) {
+      // No barrier to be had: one event now, perhaps for nothing (the caller
+      // polls, finds nothing and arms again), rather than one missed; the
+      // producers fence from now on (they see kFenceComing).
       uint32_t a = sh->armed.load(std::memory_order_relaxed);
       if (a != kDisarmed && sh->armed.compare_exchange_strong(a, kDisarmed)) {
         uint64_t handle = sh->handle;
@@ -243,6 +249,7 @@ int req_notify_cq(Cq *cq, bool solicited_only) {
                       sizeof handle);
       }
     }
+    sh->fence.store(kFenceAlways, std::memory_order_release);
   }
   // Completions come from what peers post (requests, answers): they must
   // ring this node while it sleeps on the event.

@@ -433,12 +433,11 @@ struct SendWqe : SendFields {
   SendWqe() = default;
   SendWqe(SendWqe &&o) noexcept : SendFields(o), held_(std::move(o.held_)) {}
   SendWqe &operator=(SendWqe &&o) noexcept {
-    memcpy(static_cast<SendFields *>(this), static_cast<const SendFields *>(&o),
-           sizeof(SendFields));
+    SendFields::operator=(o);  // trivial: a block copy
     held_ = std::move(o.held_);
     return *this;
   }
-  const uint8_t *held() const { return held_.size() ? held_.data() : held_small_; }
+  const uint8_t *held() const { return held_.empty() ? held_small_ : held_.data(); }
   // Takes n pieces (address, length) as the WR's inline data.
   template <typename Piece>
   void hold_inline(const Piece *pieces, size_t n) {

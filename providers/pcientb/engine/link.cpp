@@ -287,7 +287,7 @@ bool Node::serve_requests_locked(InLink &l, OutLink *out) {
   // cost a small SEND's serve as much again).
   union Held {
     Receipt r;
-    Held() {}
+    Held() {}  // NOLINT(modernize-use-equals-default): r stays unconstructed
   } done[64];
   uint32_t n_done = 0;
   auto put = [&](AnswerRecord &a) {

@@ -88,7 +88,7 @@ ibv_wc_status local_gather(Qp *qp, const SendWqe &w, bool dest, Gather *g) {
             ? w.held()
             : reinterpret_cast<const uint8_t *>(inl || !s.length ? s.addr : va_of(mr, s.addr));
     g->len[g->n] = s.length;
-    g->win[g->n] = inl || !s.length ? fabric::WindowId{} : mr.window;
+    g->win.set(g->n, inl || !s.length ? fabric::WindowId{} : mr.window);
     g->n++;
   }
   return IBV_WC_SUCCESS;

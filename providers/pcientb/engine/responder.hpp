@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 
 #include "engine/engine.hpp"
 
@@ -27,7 +28,7 @@ struct Gather {
       fabric::WindowId v[kMaxSge + 1];
     };
     Windows() {}
-    fabric::WindowId &operator[](size_t i) { return v[i]; }
+    void set(size_t i, fabric::WindowId w) { std::construct_at(&v[i], w); }
     const fabric::WindowId &operator[](size_t i) const { return v[i]; }
   } win;
   uint32_t n = 0;

@@ -124,6 +124,7 @@ void wr_set_ud_addr(ibv_qp_ex *q, ibv_ah *ah, uint32_t remote_qpn, uint32_t remo
 void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
   if (SendWqe *w = current(q)) {
     w->holds_inline = false;  // the last setter of the data wins
+    w->flags = (w->flags & ~IBV_SEND_INLINE) | (q->wr_flags & IBV_SEND_INLINE);
     w->num_sge = 1;
     w->sge[0] = ibv_sge{addr, length, lkey};
   }
@@ -133,6 +134,7 @@ void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *list) {
   SendWqe *w = current(q);
   if (!w) return;
   w->holds_inline = false;  // the last setter of the data wins
+  w->flags = (w->flags & ~IBV_SEND_INLINE) | (q->wr_flags & IBV_SEND_INLINE);
   if (n > engine::kMaxSge) {
     of(q)->batch_err = EINVAL;
     return;
