@@ -338,7 +338,7 @@ int print_work(const Options &o, Peer &peer) {
   }
   // What the initiator's counts leave out (docs/transport.md).
   printf(
-      "A SEND is a record posted to the target's lane, its bytes inside up to 968 B; larger\n"
+      "A SEND is a record posted to the target's lane, its bytes inside up to 976 B; larger\n"
       "ones the target pulls (DMA reads at the target), and its answers are the target's posts:\n"
       "neither is in these counts. rem reads: loads of a peer's doorbell mask (0 when strict).\n");
   return 0;
