@@ -367,9 +367,7 @@ bool behind_answers(const Qp *qp, const SendWqe &w) {
 // keeps its inline data: the caller's buffer may be reused once posted.
 void own_inline(SendWqe &k) {
   if (!(k.flags & IBV_SEND_INLINE) || k.holds_inline) return;
-  ibv_sge pieces[kMaxSge];
-  memcpy(pieces, k.sge, k.num_sge * sizeof(ibv_sge));
-  k.hold_inline(pieces, k.num_sge);
+  k.hold_inline(k.sge, k.num_sge);  // reads every piece before it rewrites sge[0]
 }
 
 // Applies one attempt's result to w (not in the backlog, or its front): a

@@ -121,10 +121,16 @@ void wr_set_ud_addr(ibv_qp_ex *q, ibv_ah *ah, uint32_t remote_qpn, uint32_t remo
   }
 }
 
+// The WR's data come from SGEs: the last setter of the data wins, inline
+// data set before included.
+void use_sges(ibv_qp_ex *q, SendWqe *w) {
+  w->holds_inline = false;
+  w->flags = (w->flags & ~IBV_SEND_INLINE) | (q->wr_flags & IBV_SEND_INLINE);
+}
+
 void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
   if (SendWqe *w = current(q)) {
-    w->holds_inline = false;  // the last setter of the data wins
-    w->flags = (w->flags & ~IBV_SEND_INLINE) | (q->wr_flags & IBV_SEND_INLINE);
+    use_sges(q, w);
     w->num_sge = 1;
     w->sge[0] = ibv_sge{addr, length, lkey};
   }
@@ -133,8 +139,7 @@ void wr_set_sge(ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length) {
 void wr_set_sge_list(ibv_qp_ex *q, size_t n, const ibv_sge *list) {
   SendWqe *w = current(q);
   if (!w) return;
-  w->holds_inline = false;  // the last setter of the data wins
-  w->flags = (w->flags & ~IBV_SEND_INLINE) | (q->wr_flags & IBV_SEND_INLINE);
+  use_sges(q, w);
   if (n > engine::kMaxSge) {
     of(q)->batch_err = EINVAL;
     return;
