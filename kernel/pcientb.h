@@ -6,12 +6,16 @@
  * ntb_ivshmem.c, an NTB hardware driver over QEMU's ivshmem (how the module runs in test
  * guests); ntb_plx.c, the NTB hardware driver of the PEX8749's NT port, whose register
  * sequences are plx_nt.c; dma_plx.c, the PEX87xx DMA engine as a dmaengine provider, its
- * ring plx_dma.c; pcientb_main.c, the module and its NTB client.
+ * ring plx_dma.c; pcientb_ib.c, the verbs device of each port (uapi/pcientb-abi.h is what
+ * it shares with the provider); pcientb_main.c, the module and its NTB client.
  */
 #ifndef PCIENTB_KERNEL_PCIENTB_H
 #define PCIENTB_KERNEL_PCIENTB_H
 
 #include <linux/pci.h>
+
+struct ntb_dev;
+struct pcientb_ib;
 
 int pcientb_ivshmem_init(void);
 void pcientb_ivshmem_exit(void);
@@ -19,5 +23,9 @@ int pcientb_plx_init(void);
 void pcientb_plx_exit(void);
 int pcientb_plx_dma_init(void);
 void pcientb_plx_dma_exit(void);
+
+struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb);
+void pcientb_ib_link_event(struct pcientb_ib *dev);
+void pcientb_ib_remove(struct pcientb_ib *dev);
 
 #endif

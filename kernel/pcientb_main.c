@@ -49,6 +49,7 @@ struct pcientb_port {
 	wait_queue_head_t wq;
 	bool dying; /* being removed: waits end */
 	struct list_head kept; /* windows a peer may still write: freed at removal */
+	struct pcientb_ib *ib; /* the port's verbs device */
 };
 
 static DEFINE_MUTEX(ports_lock);
@@ -60,6 +61,7 @@ static void port_link_event(void *ctx)
 	struct pcientb_port *port = ctx;
 
 	atomic_inc(&port->link_events);
+	pcientb_ib_link_event(port->ib);
 	wake_up_all(&port->wq);
 }
 
@@ -464,8 +466,16 @@ static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	port->ntb = ntb;
 	init_waitqueue_head(&port->wq);
 	INIT_LIST_HEAD(&port->kept);
+	/* Before the context: link events find it there. */
+	port->ib = pcientb_ib_add(ntb);
+	if (IS_ERR(port->ib)) {
+		rc = PTR_ERR(port->ib);
+		kfree(port);
+		return rc;
+	}
 	rc = ntb_set_ctx(ntb, port, &port_ctx_ops);
 	if (rc) {
+		pcientb_ib_remove(port->ib);
 		kfree(port);
 		return rc;
 	}
@@ -495,6 +505,7 @@ static void pcientb_remove(struct ntb_client *client, struct ntb_dev *ntb)
 	ntb_link_disable(ntb);
 	ntb_db_set_mask(ntb, ntb_db_valid_mask(ntb)); /* nothing pending unserved meanwhile */
 	ntb_clear_ctx(ntb);
+	pcientb_ib_remove(port->ib);
 	mutex_lock(&ports_lock);
 	list_del(&port->node);
 	mutex_unlock(&ports_lock);

@@ -10,7 +10,7 @@ if ! compgen -G "/lib/modules/*/build" >/dev/null; then
   exit 77
 fi
 mkdir -p "$out"
-cp "$src"/Makefile "$src"/Kbuild "$src"/*.c "$src"/*.h "$out"/ || exit 1
+cp -r "$src"/Makefile "$src"/Kbuild "$src"/*.c "$src"/*.h "$src"/uapi "$out"/ || exit 1
 log="$(make -C "$out" 2>&1)"
 rc=$?
 echo "$log"

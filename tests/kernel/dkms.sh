@@ -17,7 +17,7 @@ grep -qx "PACKAGE_VERSION=\"$version\"" "$src/dkms.conf" ||
 t="$(mktemp -d)"
 trap 'rm -rf "$t"' EXIT
 mkdir -p "$t/src/pcientb-$version" "$t/tree"
-cp "$src"/dkms.conf "$src"/Kbuild "$src"/Makefile "$src"/*.c "$src"/*.h "$t/src/pcientb-$version/"
+cp -r "$src"/dkms.conf "$src"/Kbuild "$src"/Makefile "$src"/*.c "$src"/*.h "$src"/uapi "$t/src/pcientb-$version/"
 dkms=(dkms --sourcetree "$t/src" --dkmstree "$t/tree")
 "${dkms[@]}" add -m pcientb -v "$version" || exit 1
 "${dkms[@]}" build -m pcientb -v "$version" -k "$kver" || {

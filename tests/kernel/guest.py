@@ -1,7 +1,8 @@
 """What the kernel tests' QEMU guests have in common: Debian's kernel (the one the module
-was built for), a busybox initramfs with pcientb.ko and a test's /init, guest RAM in a file
-(so that another device can map it as an NT window), ivshmem devices, and the lines the
-guest marks for the host.
+was built for), a busybox initramfs with pcientb.ko, the kernel's RDMA core modules it needs
+and a test's /init, guest RAM in a file (so that another device can map it as an NT
+window), ivshmem devices, optionally the host's root over virtio-9p (read-only: programs of
+the host run in the guest in a chroot), and the lines the guest marks for the host.
 
 The guest's /init prints `MARK text` lines (MARK below); the host reads them from the
 serial console.
@@ -21,6 +22,15 @@ SKIP = 77
 MARK = "pcientb-guest:"
 GUEST_RAM_MB = 256
 IVSHMEM_VECTORS = 4
+# Loaded in this order before the test's /init body: pcientb.ko needs ib_core, and
+# ib_uverbs gives its devices to programs (/dev/infiniband/uverbsN).
+RDMA_MODULES = ["drivers/infiniband/core/ib_core.ko", "drivers/infiniband/core/ib_uverbs.ko"]
+# The host's root over virtio-9p.
+HOSTROOT_MODULES = ["drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko",
+                    "drivers/virtio/virtio_pci_modern_dev.ko",
+                    "drivers/virtio/virtio_pci_legacy_dev.ko", "drivers/virtio/virtio_pci.ko",
+                    "fs/netfs/netfs.ko", "fs/fscache/fscache.ko", "net/9p/9pnet.ko",
+                    "net/9p/9pnet_virtio.ko", "fs/9p/9p.ko"]
 
 # Shell helpers every /init starts with: mounts, `say`, and the dmesg check.
 INIT_HEAD = r"""#!/bin/busybox sh
@@ -37,6 +47,18 @@ check_dmesg() {
   dmesg | grep -E "$bad|pcientb.*(error|fail)" | grep -v "module verification failed" |
     sed "s/^/MARK dmesg: /"
 }
+for m in $(cat /modules/order); do insmod /modules/$m || say "insmod $m failed"; done
+# The host's root at /host (when the guest has it): /proc, /sys and /dev of the guest, and
+# a /tmp of its own.
+if [ -e /modules/9p.ko ]; then
+  mkdir -p /host
+  if mount -t 9p -o trans=virtio,version=9p2000.L,ro hostroot /host; then
+    for d in proc sys dev; do mount -o bind /$d /host/$d; done
+    mount -t tmpfs tmpfs /host/tmp
+  else
+    say "no host root"
+  fi
+fi
 """.replace("MARK", MARK)
 
 
@@ -69,13 +91,23 @@ def check_host(ko):
     return kernel
 
 
-def initramfs(work, ko, init_body):
-    """A cpio archive with busybox, the module and INIT_HEAD + init_body as /init."""
+def initramfs(work, ko, init_body, release, hostroot=False):
+    """A cpio archive with busybox, the module, the kernel's modules it needs (and those of
+    a host root over 9p) and INIT_HEAD + init_body as /init."""
     root = os.path.join(work, "root")
-    for d in ("bin", "proc", "sys", "dev"):
+    for d in ("bin", "proc", "sys", "dev", "modules"):
         os.makedirs(os.path.join(root, d), exist_ok=True)
     shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
     shutil.copy(ko, os.path.join(root, "pcientb.ko"))
+    names = []
+    for rel in RDMA_MODULES + (HOSTROOT_MODULES if hostroot else []):
+        path = f"/lib/modules/{release}/kernel/{rel}"
+        if not os.path.exists(path):
+            skip(f"no {path} (apt-get install linux-image-amd64)")
+        shutil.copy(path, os.path.join(root, "modules"))
+        names.append(os.path.basename(rel))
+    with open(os.path.join(root, "modules", "order"), "w") as f:
+        f.write("\n".join(names) + "\n")
     init = os.path.join(root, "init")
     with open(init, "w") as f:
         f.write(INIT_HEAD + init_body.replace("MARK", MARK))
@@ -89,10 +121,10 @@ def initramfs(work, ko, init_body):
     return image
 
 
-def qemu_argv(kernel, image, ram, window, doorbells, append=""):
+def qemu_argv(kernel, image, ram, window, doorbells, append="", hostroot=False):
     """One TCG guest whose RAM is the file `ram`, with the file `window` (a RAM file, its own
-    or another guest's) as an ivshmem-plain BAR, and an ivshmem-doorbell device on each
-    server socket of `doorbells`."""
+    or another guest's) as an ivshmem-plain BAR, an ivshmem-doorbell device on each
+    server socket of `doorbells`, and the host's root read-only over 9p if asked."""
     backing = f"size={GUEST_RAM_MB}M,share=on,mem-path="
     argv = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "1",
             "-m", f"{GUEST_RAM_MB}M", "-nographic", "-no-reboot", "-kernel", kernel,
@@ -107,6 +139,9 @@ def qemu_argv(kernel, image, ram, window, doorbells, append=""):
     for i, sock in enumerate(doorbells):
         argv += ["-chardev", f"socket,path={sock},id=ivs{i}",
                  "-device", f"ivshmem-doorbell,chardev=ivs{i},vectors={IVSHMEM_VECTORS}"]
+    if hostroot:
+        argv += ["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
+                 "multidevs=remap"]
     return argv
 
 
@@ -116,7 +151,7 @@ def marked(text):
 
 
 @contextlib.contextmanager
-def workspace(doc, init_body, prefix):
+def workspace(doc, init_body, prefix, hostroot=False):
     """For `tierN.py PCIENTB_KO [--keep DIR]`: checks the host, builds the initramfs with
     init_body and starts an ivshmem server; yields them (kernel, image, dir, sock, server).
     Everything goes when the test ends, but a --keep directory."""
@@ -127,13 +162,14 @@ def workspace(doc, init_body, prefix):
     ko = os.path.abspath(args[0])
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
     kernel = check_host(ko)
+    release = os.path.basename(kernel)[len("vmlinuz-"):]
     # The guests' RAM files: in memory, not written back to a disk.
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     work = keep or tempfile.mkdtemp(prefix=prefix, dir=shm)
     os.makedirs(work, exist_ok=True)
     server = None
     try:
-        image = initramfs(work, ko, init_body)
+        image = initramfs(work, ko, init_body, release, hostroot)
         sock = os.path.join(work, "ivshmem.sock")
         server = IvshmemServer(sock, size=1 << 20, vectors=IVSHMEM_VECTORS).start()
         yield types.SimpleNamespace(kernel=kernel, image=image, dir=work, sock=sock,

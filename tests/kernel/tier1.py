@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
 """Kernel tier 1: pcientb.ko in one QEMU guest (TCG) booting Debian's kernel.
 
-  tier1.py PCIENTB_KO [--keep DIR]
+  tier1.py PCIENTB_KO VERBS_CHECK PROVIDER_SO [--keep DIR]
 
 The guest has two ivshmem-doorbell devices on one ivshmem server (NTB ports 0 and 1 of
 one kernel, each the other's peer) and an ivshmem-plain device that maps the guest's own
 RAM (the memory window: a write at BAR offset X lands at physical address X, as through an
-NT window whose inbound translation covers all memory). Its /init (busybox) loads the
-module, runs each port's debugfs selftest (link, scratchpads both ways, a doorbell, 64 KiB
-written through the window and read in the peer's memory), takes port 1's device from the
-driver and gives it back (port 0's link goes down, then up, with an event each time, and
-its selftest passes again), stops and restarts port 1's heartbeat (a peer that died
-without a word: down, then up), unloads the module, and prints the kernel's warnings,
-bugs, oopses and the module's errors from dmesg. Checks: every selftest PASS, the link
-states, insmod and rmmod succeed, dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (no
-QEMU, no kernel image, or a module built for another kernel).
+NT window whose inbound translation covers all memory), and the host's root over 9p. Its
+/init (busybox) loads ib_core, ib_uverbs and the module, runs each port's debugfs selftest
+(link, scratchpads both ways, a doorbell, 64 KiB written through the window and read in
+the peer's memory), then, in a chroot of the host's root with the provider PROVIDER_SO,
+VERBS_CHECK (verbs_check.c) over both verbs devices (each opened by the provider, queried,
+a PD, a CQ refused). It takes port 1's device from the driver and gives it back (port 0's
+link goes down, then up, with an event each time, and its selftest passes again), stops
+and restarts port 1's heartbeat (a peer that died without a word: down, then up); a
+program holding port 0's verbs device meanwhile receives PORT_ERR, PORT_ACTIVE, PORT_ERR,
+PORT_ACTIVE, and one holding port 1's gets DEVICE_FATAL when it goes (the unbind does not
+wait for it; PORT_ERR may come first). Both verbs devices are checked again, then the module is unloaded and the
+kernel's warnings, bugs, oopses and the module's errors printed from dmesg. Checks: every
+selftest and verbs check passes, the link states and events, insmod and rmmod succeed,
+dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (no QEMU, no kernel image, or a
+module built for another kernel).
 """
 
 import os
@@ -33,10 +39,30 @@ for d in /sys/kernel/debug/pcientb/*/; do
   say "selftest $(basename "$d")"
   show "$d/selftest"
 done
+# Programs of the host, with the provider under test only.
+[ -d /host/etc/libibverbs.d ] && mount -t tmpfs tmpfs /host/etc/libibverbs.d
+host() { chroot /host /usr/bin/env RDMAV_DRIVERS="@DRIVER@" "$@" 2>&1 | sed "s/^/MARK verbs: /"; }
+host @CHECK@ devices 2
 # Link down and up: port 1's device leaves the driver and comes back.
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
 first=$(basename "$1"); second=$(basename "$2")
+# The verbs device of an NTB port (its parent is the port's PCI device).
+ib_of() {
+  for d in /sys/class/infiniband/*; do
+    case "$(readlink -f "$d/device")" in */"${1#ntb-}") basename "$d" ;; esac
+  done
+}
+ib_first=$(ib_of "$first"); ib_second=$(ib_of "$second")
+say "verbs devices $first=$ib_first $second=$ib_second"
+host @CHECK@ events "$ib_first" 4 120 /tmp/ready1 &
+watch_first=$!
+host @CHECK@ events "$ib_second" 3 120 /tmp/ready2 &
+watch_second=$!
+i=0
+while { [ ! -e /host/tmp/ready1 ] || [ ! -e /host/tmp/ready2 ]; } && [ $i -lt 300 ]; do
+  sleep 0.1; i=$((i + 1))
+done
 state() { cut -d" " -f1 /sys/kernel/debug/pcientb/$first/link; }
 # Reports port 0's link once it is $2 (10 s at most: a TCG guest can be slow).
 link() {
@@ -47,6 +73,7 @@ link() {
 link before up
 echo "${second#ntb-}" > $drv/unbind
 link "after unbind" down
+wait $watch_second
 echo "${second#ntb-}" > $drv/bind
 link "after bind" up
 say "selftest again $first"
@@ -57,6 +84,8 @@ echo 0 > $beat
 link "after silence" down
 echo 1 > $beat
 link "after heartbeat" up
+wait $watch_first
+host @CHECK@ devices 2
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
 check_dmesg
 say "done"
@@ -67,6 +96,8 @@ poweroff -f
 # down when the peer's heartbeat stopped; up when it beat again.
 LINK_STEPS = ("before", "after unbind", "after bind", "after silence", "after heartbeat")
 LINK_STATES = ["up", "down", "up", "down", "up"]
+# What a program holding port 0's verbs device hears of those changes.
+FIRST_EVENTS = ["PORT_ERR", "PORT_ACTIVE"] * 2
 
 
 def check(lines):
@@ -86,6 +117,27 @@ def check(lines):
     if states != LINK_STATES or events != sorted(set(events)):
         problems.append(f"link states {states}, events {events}: expected {LINK_STATES}, "
                         "each change an event")
+    verbs = [l[len("verbs: "):] for l in lines if l.startswith("verbs: ")]
+    failed = [v for v in verbs if v.startswith("FAIL") or "error" in v.lower()
+              or "warning" in v.lower()]
+    if failed:
+        problems.append("verbs: " + "; ".join(failed))
+    if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:
+        problems.append("the verbs devices were not both checked, before and after")
+    ib = re.search(r"^verbs devices ntb-\S+=(pcientb\d+) ntb-\S+=(pcientb\d+)$", "\n".join(lines),
+                   re.M)
+    if not ib:
+        problems.append("no verbs device found for each NTB port")
+    else:
+        first, second = ib.groups()
+        got = [v.split()[2] for v in verbs if v.startswith(f"event {first} ")]
+        if got != FIRST_EVENTS or f"events {first} 4" not in verbs:
+            problems.append(f"{first}'s async events {got}: expected {FIRST_EVENTS}")
+        # Its link may go down before the device does.
+        got = [v.split()[2] for v in verbs if v.startswith(f"event {second} ")]
+        if got not in (["DEVICE_FATAL"], ["PORT_ERR", "DEVICE_FATAL"]):
+            problems.append(f"{second}'s async events {got}: expected DEVICE_FATAL last, "
+                            "after PORT_ERR at most")
     dmesg = [l for l in lines if l.startswith("dmesg:")]
     if dmesg:
         problems.append(f"{len(dmesg)} dmesg lines of warnings")
@@ -93,10 +145,18 @@ def check(lines):
 
 
 def main():
-    with guest.workspace(__doc__, INIT, "pcientb-kernel-") as w:
+    if len(sys.argv) < 4:
+        print(__doc__)
+        sys.exit(2)
+    verbs_check, provider = (os.path.abspath(a) for a in sys.argv[2:4])
+    if not provider.endswith("-rdmav34.so"):
+        fail(f"{provider} is not a provider library (lib<name>-rdmav34.so)")
+    # RDMAV_DRIVERS names a provider by its path without the suffix.
+    init = INIT.replace("@CHECK@", verbs_check).replace("@DRIVER@", provider[:-len("-rdmav34.so")])
+    with guest.workspace(__doc__, init, "pcientb-kernel-", hostroot=True) as w:
         ram = os.path.join(w.dir, "ram")
         # Both ports on one server; the window is the guest's own RAM.
-        argv = guest.qemu_argv(w.kernel, w.image, ram, ram, [w.sock, w.sock])
+        argv = guest.qemu_argv(w.kernel, w.image, ram, ram, [w.sock, w.sock], hostroot=True)
         t0 = time.monotonic()
         try:
             run = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,

@@ -17,6 +17,7 @@
 #include "engine/inspect.hpp"
 #include "glue/glue.hpp"
 #include "glue/verbs_abi.h"
+#include "pcientb-abi.h"
 #include "pcientb/pcientb.h"
 
 #define PCIENTB_EXPORT extern "C" __attribute__((visibility("default")))
@@ -335,7 +336,17 @@ const verbs_context_ops kOps = [] {
   return o;
 }();
 
+verbs_device *as_verbs(ibv_device *d) {
+  return reinterpret_cast<verbs_device *>(d);
+}
+
+// Devices from sysfs are pcientb.ko's; the emulated one has none.
+bool is_kernel_device(ibv_device *d) {
+  return as_verbs(d)->sysfs != nullptr;
+}
+
 verbs_context *alloc_context(ibv_device *dev, int cmd_fd, void *) {
+  if (is_kernel_device(dev)) return alloc_kernel_context(dev, cmd_fd);
   auto *g = static_cast<GlueContext *>(_verbs_init_and_alloc_context(
       dev, cmd_fd, sizeof(GlueContext),
       reinterpret_cast<verbs_context *>(offsetof(GlueContext, vctx)), 0));
@@ -363,26 +374,37 @@ void uninit_device(verbs_device *dev) {
   free(dev);
 }
 
-// Devices come from pcientb_emu_device_list(), never from sysfs: nothing in
-// sysfs matches this table.
-const verbs_match_ent kMatchTable[] = {{}};
+// A device of pcientb.ko (the emulated one comes from pcientb_emu_device_list()).
+verbs_device *alloc_device(verbs_sysfs_dev *) {
+  return static_cast<verbs_device *>(calloc(1, sizeof(verbs_device)));
+}
+
+// pcientb.ko's devices: by driver id (netlink discovery), by name where only
+// sysfs is read (it carries no driver id).
+const verbs_match_ent kMatchTable[] = {{.driver_data = nullptr,
+                                        .u = {.driver_id = PCIENTB_DRIVER_ID},
+                                        .vendor = 0,
+                                        .device = 0,
+                                        .kind = VERBS_MATCH_DRIVER_ID},
+                                       {.driver_data = nullptr,
+                                        .u = {.modalias = "rdma_device:*Npcientb*"},
+                                        .vendor = 0,
+                                        .device = 0,
+                                        .kind = VERBS_MATCH_MODALIAS},
+                                       {}};
 
 const verbs_device_ops kDeviceOps = {
     .name = "pcientb",
-    .match_min_abi_version = 0,
-    .match_max_abi_version = INT32_MAX,
+    .match_min_abi_version = PCIENTB_UVERBS_ABI_VERSION,
+    .match_max_abi_version = PCIENTB_UVERBS_ABI_VERSION,
     .match_table = kMatchTable,
     .static_providers = nullptr,
     .match_device = nullptr,
     .alloc_context = alloc_context,
     .import_context = nullptr,
-    .alloc_device = nullptr,
+    .alloc_device = alloc_device,
     .uninit_device = uninit_device,
 };
-
-verbs_device *as_verbs(ibv_device *d) {
-  return reinterpret_cast<verbs_device *>(d);
-}
 
 __attribute__((constructor)) void register_driver() {
   verbs_register_driver_34(&kDeviceOps);
@@ -445,8 +467,10 @@ PCIENTB_EXPORT void pcientb_put_device(ibv_device *d) {
   if (dev->refcount.fetch_sub(1) == 1) uninit_device(dev);
 }
 
+// The emulated device only: the preload serves its calls (a kernel device's
+// go to the kernel, as any HCA's).
 PCIENTB_EXPORT int pcientb_owns_device(ibv_device *d) {
-  return d && as_verbs(d)->ops == &kDeviceOps;
+  return d && as_verbs(d)->ops == &kDeviceOps && !is_kernel_device(d);
 }
 
 PCIENTB_EXPORT int pcientb_owns_context(ibv_context *c) {

@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * pcientb.ko: the verbs device. Each NTB port is an ib_device "pcientb<N>" registered with
+ * uverbs under PCIENTB_DRIVER_ID, so that libibverbs lists it with no preload and binds it
+ * to libpcientb-rdmav34.so.
+ *
+ * What it serves today: device and port queries, user contexts and protection domains; the
+ * port is ACTIVE while the NTB link is up, and each change of the link is an async event
+ * (IB_EVENT_PORT_ACTIVE / IB_EVENT_PORT_ERR). It reports no queue pairs, completion queues
+ * or memory regions (max_qp = max_cq = max_mr = 0): the provider's engine reaches them
+ * through the kernel fabric backend, which is not built yet (docs/kernel.md).
+ */
+#include <linux/atomic.h>
+#include <linux/ntb.h>
+#include <linux/pci.h>
+#include <rdma/ib_verbs.h>
+
+#include "pcientb.h"
+#include "pcientb-abi.h"
+
+#define PCIENTB_MAX_PD (1 << 20)
+
+struct pcientb_ib {
+	struct ib_device ibdev;
+	struct ntb_dev *ntb;
+	atomic_t pds;
+	bool active; /* what the last event said; under the NTB's ctx_lock (link events) */
+};
+
+struct pcientb_ucontext {
+	struct ib_ucontext ibuc;
+};
+
+struct pcientb_pd {
+	struct ib_pd ibpd;
+};
+
+static struct pcientb_ib *to_dev(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct pcientb_ib, ibdev);
+}
+
+static bool port_active(struct pcientb_ib *dev)
+{
+	return ntb_link_is_up(dev->ntb, NULL, NULL) != 0;
+}
+
+static int pcientb_query_device(struct ib_device *ibdev, struct ib_device_attr *attr,
+				struct ib_udata *udata)
+{
+	struct pci_dev *pdev = to_dev(ibdev)->ntb->pdev;
+
+	if (udata->inlen || udata->outlen)
+		return -EINVAL;
+	memset(attr, 0, sizeof(*attr));
+	attr->sys_image_guid = ibdev->node_guid;
+	attr->vendor_id = pdev->vendor;
+	attr->vendor_part_id = pdev->device;
+	attr->hw_ver = pdev->revision;
+	attr->page_size_cap = PAGE_SIZE;
+	attr->max_pd = PCIENTB_MAX_PD;
+	attr->max_pkeys = 1;
+	attr->device_cap_flags = IB_DEVICE_PORT_ACTIVE_EVENT;
+	return 0;
+}
+
+static int pcientb_query_port(struct ib_device *ibdev, u32 port, struct ib_port_attr *attr)
+{
+	bool up = port_active(to_dev(ibdev));
+
+	/* ib_query_port() cleared *attr. */
+	attr->state = up ? IB_PORT_ACTIVE : IB_PORT_DOWN;
+	attr->phys_state = up ? IB_PORT_PHYS_STATE_LINK_UP : IB_PORT_PHYS_STATE_DISABLED;
+	attr->max_mtu = IB_MTU_4096;
+	attr->active_mtu = IB_MTU_4096;
+	attr->gid_tbl_len = 1;
+	attr->pkey_tbl_len = 1;
+	attr->max_msg_sz = 1u << 31;
+	attr->max_vl_num = 1;
+	attr->subnet_timeout = 18;
+	/* A PEX8749 link is PCIe Gen3 x8, about 64 Gb/s: reported as 4X FDR (56 Gb/s). */
+	attr->active_width = IB_WIDTH_4X;
+	attr->active_speed = IB_SPEED_FDR;
+	return 0;
+}
+
+static int pcientb_get_port_immutable(struct ib_device *ibdev, u32 port,
+				      struct ib_port_immutable *immutable)
+{
+	/* No MADs, no IB CM: connections are made by the provider (and its rdma_cm glue). */
+	immutable->pkey_tbl_len = 1;
+	immutable->gid_tbl_len = 1;
+	immutable->core_cap_flags = 0;
+	immutable->max_mad_size = 0;
+	return 0;
+}
+
+static int pcientb_query_gid(struct ib_device *ibdev, u32 port, int index, union ib_gid *gid)
+{
+	if (index != 0)
+		return -EINVAL;
+	gid->global.subnet_prefix = cpu_to_be64(0xfe80000000000000ULL);
+	gid->global.interface_id = ibdev->node_guid;
+	return 0;
+}
+
+static int pcientb_query_pkey(struct ib_device *ibdev, u32 port, u16 index, u16 *pkey)
+{
+	if (index != 0)
+		return -EINVAL;
+	*pkey = 0xffff;
+	return 0;
+}
+
+static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata)
+{
+	struct pcientb_ib *dev = to_dev(ibuc->device);
+	struct pcientb_ucontext_resp resp = {
+		.magic = PCIENTB_UCONTEXT_MAGIC,
+		.abi_version = PCIENTB_UVERBS_ABI_VERSION,
+		.port = ntb_port_number(dev->ntb),
+		.peer_port = ntb_peer_port_number(dev->ntb, 0),
+	};
+
+	/* A provider of another ABI asks for less: it is refused, not half answered. */
+	if (udata->outlen < sizeof(resp))
+		return -EINVAL;
+	return ib_copy_to_udata(udata, &resp, sizeof(resp));
+}
+
+static void pcientb_dealloc_ucontext(struct ib_ucontext *ibuc)
+{
+}
+
+/*
+ * Set so that a port removed under open contexts (unbind, surprise removal, rmmod) does
+ * not wait for their processes to exit: uverbs frees their objects through the ops
+ * above and sends each IB_EVENT_DEVICE_FATAL. Nothing of a context is mapped into its
+ * process yet, so nothing is left to revoke here.
+ */
+static void pcientb_disassociate_ucontext(struct ib_ucontext *ibuc)
+{
+}
+
+static int pcientb_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct pcientb_ib *dev = to_dev(ibpd->device);
+
+	if (atomic_inc_return(&dev->pds) > PCIENTB_MAX_PD) {
+		atomic_dec(&dev->pds);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int pcientb_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	atomic_dec(&to_dev(ibpd->device)->pds);
+	return 0;
+}
+
+static const struct ib_device_ops pcientb_ib_ops = {
+	.owner = THIS_MODULE,
+	.driver_id = PCIENTB_DRIVER_ID,
+	.uverbs_abi_ver = PCIENTB_UVERBS_ABI_VERSION,
+
+	.alloc_pd = pcientb_alloc_pd,
+	.alloc_ucontext = pcientb_alloc_ucontext,
+	.dealloc_pd = pcientb_dealloc_pd,
+	.dealloc_ucontext = pcientb_dealloc_ucontext,
+	.disassociate_ucontext = pcientb_disassociate_ucontext,
+	.get_port_immutable = pcientb_get_port_immutable,
+	.query_device = pcientb_query_device,
+	.query_gid = pcientb_query_gid,
+	.query_pkey = pcientb_query_pkey,
+	.query_port = pcientb_query_port,
+
+	INIT_RDMA_OBJ_SIZE(ib_pd, pcientb_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_ucontext, pcientb_ucontext, ibuc),
+};
+
+/*
+ * Unique per port of a host (its PCI function and NTB port); 00:10:b5 is PLX's OUI, the
+ * vendor the device reports.
+ */
+static __be64 node_guid(struct ntb_dev *ntb)
+{
+	struct pci_dev *pdev = ntb->pdev;
+	u64 guid = 0x0010b5ULL << 40;
+
+	guid |= (u64)(pci_domain_nr(pdev->bus) & 0xff) << 32;
+	guid |= (u64)pdev->bus->number << 24 | (u64)pdev->devfn << 16;
+	guid |= (u64)(ntb_port_number(ntb) & 0xffff);
+	return cpu_to_be64(guid);
+}
+
+struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
+{
+	struct pcientb_ib *dev;
+	int rc;
+
+	dev = ib_alloc_device(pcientb_ib, ibdev);
+	if (!dev)
+		return ERR_PTR(-ENOMEM);
+	dev->ntb = ntb;
+	dev->ibdev.node_type = RDMA_NODE_IB_CA;
+	dev->ibdev.phys_port_cnt = 1;
+	dev->ibdev.num_comp_vectors = 1;
+	dev->ibdev.node_guid = node_guid(ntb);
+	dev->ibdev.dev.parent = &ntb->pdev->dev;
+	strscpy(dev->ibdev.node_desc, "pcientb", sizeof(dev->ibdev.node_desc));
+	dev->active = port_active(dev);
+	ib_set_device_ops(&dev->ibdev, &pcientb_ib_ops);
+	/* NULL: no DMA mapping through the ib_device (no MRs yet; the DMA engine maps its own). */
+	rc = ib_register_device(&dev->ibdev, "pcientb%d", NULL);
+	if (rc) {
+		ib_dealloc_device(&dev->ibdev);
+		return ERR_PTR(rc);
+	}
+	dev_info(&ntb->dev, "verbs device %s\n", dev_name(&dev->ibdev.dev));
+	return dev;
+}
+
+/* Called with the NTB's ctx_lock held (any context): the port follows the link. */
+void pcientb_ib_link_event(struct pcientb_ib *dev)
+{
+	struct ib_event event = {
+		.device = &dev->ibdev,
+		.element.port_num = 1,
+	};
+	bool up = port_active(dev);
+
+	if (up == dev->active)
+		return;
+	dev->active = up;
+	event.event = up ? IB_EVENT_PORT_ACTIVE : IB_EVENT_PORT_ERR;
+	ib_dispatch_event(&event);
+}
+
+/* After the NTB context is cleared: no link event reaches the device any more. */
+void pcientb_ib_remove(struct pcientb_ib *dev)
+{
+	ib_unregister_device(&dev->ibdev);
+	/* Events already dispatched are work items of ib_wq holding the device. */
+	flush_workqueue(ib_wq);
+	ib_dealloc_device(&dev->ibdev);
+}

@@ -1,0 +1,181 @@
+/*
+ * The verbs devices of pcientb.ko as a program sees them through libibverbs and the
+ * provider, inside the tier-1 guest (tier1.py runs it in a chroot of the host's root).
+ *
+ *   verbs_check devices N
+ *       every pcientb device: opens it (the provider bound it), checks what device, port,
+ *       GID and P_Key queries answer, allocates and frees a PD, and that a CQ is refused
+ *       with EOPNOTSUPP (no data path yet); expects N devices with distinct GUIDs.
+ *   verbs_check events DEVICE N SECONDS READY_FILE
+ *       opens DEVICE, creates READY_FILE, then prints the device's async events until N
+ *       arrived, DEVICE_FATAL (the last there is) or SECONDS passed.
+ *
+ * Prints one line per finding ("FAIL ..." for a failed check); exit 0 when all passed.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures;
+
+static void fail(const char *dev, const char *what, int err) {
+  printf("FAIL %s: %s%s%s\n", dev, what, err ? ": " : "", err ? strerror(err) : "");
+  failures++;
+}
+
+static int check_device(struct ibv_device *d, __be64 *guid) {
+  const char *name = ibv_get_device_name(d);
+  struct ibv_context *ctx = ibv_open_device(d);
+  struct ibv_device_attr attr;
+  struct ibv_port_attr port;
+  union ibv_gid gid;
+  __be16 pkey = 0;
+  struct ibv_pd *pd;
+  struct ibv_cq *cq;
+  int before = failures, rc;
+
+  if (!ctx) {
+    fail(name, "ibv_open_device", errno);
+    return -1;
+  }
+  rc = ibv_query_device(ctx, &attr);
+  if (rc)
+    fail(name, "ibv_query_device", rc);
+  else if (!attr.vendor_id || attr.phys_port_cnt != 1 || attr.max_pd <= 0 || attr.max_qp != 0 ||
+           !attr.node_guid) {
+    printf(
+        "FAIL %s: device attributes: vendor %#x, %u ports, max_pd %d, max_qp %d, "
+        "GUID %#llx\n",
+        name, attr.vendor_id, attr.phys_port_cnt, attr.max_pd, attr.max_qp,
+        (unsigned long long)be64toh(attr.node_guid));
+    failures++;
+  }
+  *guid = attr.node_guid;
+  rc = ibv_query_port(ctx, 1, &port);
+  if (rc)
+    fail(name, "ibv_query_port", rc);
+  else if (port.state != IBV_PORT_ACTIVE || port.link_layer != IBV_LINK_LAYER_INFINIBAND ||
+           port.active_mtu != IBV_MTU_4096 || port.gid_tbl_len != 1)
+    fail(name, "port attributes (ACTIVE, InfiniBand, MTU 4096, one GID)", 0);
+  if (ibv_query_port(ctx, 2, &port) == 0) fail(name, "port 2 answered", 0);
+  rc = ibv_query_gid(ctx, 1, 0, &gid);
+  if (rc)
+    fail(name, "ibv_query_gid", errno);
+  else if (be64toh(gid.global.subnet_prefix) != 0xfe80000000000000ULL ||
+           gid.global.interface_id != attr.node_guid)
+    fail(name, "GID 0 is not fe80::<node GUID>", 0);
+  rc = ibv_query_pkey(ctx, 1, 0, &pkey);
+  if (rc || be16toh(pkey) != 0xffff) fail(name, "P_Key 0 is not 0xffff", rc ? errno : 0);
+  pd = ibv_alloc_pd(ctx);
+  if (!pd)
+    fail(name, "ibv_alloc_pd", errno);
+  else if ((rc = ibv_dealloc_pd(pd)))
+    fail(name, "ibv_dealloc_pd", rc);
+  errno = 0;
+  cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+  if (cq) {
+    fail(name, "a CQ was created (the kernel device has no data path yet)", 0);
+    ibv_destroy_cq(cq);
+  } else if (errno != EOPNOTSUPP) {
+    fail(name, "ibv_create_cq did not fail with EOPNOTSUPP", errno);
+  }
+  rc = ibv_close_device(ctx);
+  if (rc) fail(name, "ibv_close_device", errno);
+  if (failures == before)
+    printf("device %s ok guid %016llx port ACTIVE pd ok cq EOPNOTSUPP\n", name,
+           (unsigned long long)be64toh(attr.node_guid));
+  return failures == before ? 0 : -1;
+}
+
+static int devices(int want) {
+  int n = 0, i, j, found = 0;
+  struct ibv_device **list = ibv_get_device_list(&n);
+  __be64 guids[16];
+
+  if (!list) {
+    fail("-", "ibv_get_device_list", errno);
+    return 1;
+  }
+  for (i = 0; i < n; i++) {
+    if (strncmp(ibv_get_device_name(list[i]), "pcientb", 7) != 0 || found == 16) continue;
+    if (check_device(list[i], &guids[found]) == 0)
+      for (j = 0; j < found; j++)
+        if (guids[j] == guids[found]) fail(ibv_get_device_name(list[i]), "GUID not unique", 0);
+    found++;
+  }
+  ibv_free_device_list(list);
+  if (found != want) {
+    printf("FAIL %d pcientb devices, expected %d\n", found, want);
+    failures++;
+  }
+  printf("devices %d\n", found);
+  return failures ? 1 : 0;
+}
+
+static const char *event_name(enum ibv_event_type e) {
+  switch (e) {
+    case IBV_EVENT_PORT_ACTIVE:
+      return "PORT_ACTIVE";
+    case IBV_EVENT_PORT_ERR:
+      return "PORT_ERR";
+    case IBV_EVENT_DEVICE_FATAL:
+      return "DEVICE_FATAL";
+    default:
+      return ibv_event_type_str(e);
+  }
+}
+
+static double now(void) {
+  struct timespec t;
+
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int events(const char *name, int want, double seconds, const char *ready) {
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  struct ibv_context *ctx = NULL;
+  int i, got = 0, fd;
+  double end;
+
+  for (i = 0; list && list[i]; i++)
+    if (strcmp(ibv_get_device_name(list[i]), name) == 0) ctx = ibv_open_device(list[i]);
+  if (list) ibv_free_device_list(list);
+  if (!ctx) {
+    fail(name, "cannot open", errno);
+    return 1;
+  }
+  fd = open(ready, O_CREAT | O_WRONLY, 0644);
+  if (fd >= 0) close(fd);
+  end = now() + seconds;
+  while (got < want && now() < end) {
+    struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
+    struct ibv_async_event e;
+
+    if (poll(&p, 1, (int)((end - now()) * 1000) + 1) <= 0) continue;
+    if (ibv_get_async_event(ctx, &e)) break;
+    printf("event %s %s\n", name, event_name(e.event_type));
+    ibv_ack_async_event(&e);
+    got++;
+    if (e.event_type == IBV_EVENT_DEVICE_FATAL) break;
+  }
+  printf("events %s %d\n", name, got);
+  ibv_close_device(ctx);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc == 3 && strcmp(argv[1], "devices") == 0) return devices(atoi(argv[2]));
+  if (argc == 6 && strcmp(argv[1], "events") == 0)
+    return events(argv[2], atoi(argv[3]), atof(argv[4]), argv[5]);
+  fprintf(stderr, "usage: verbs_check devices N | events DEVICE N SECONDS READY_FILE\n");
+  return 2;
+}
