@@ -11,7 +11,7 @@ NT window whose inbound translation covers all memory), and the host's root over
 (link, scratchpads both ways, a doorbell, 64 KiB written through the window and read in
 the peer's memory), then, in a chroot of the host's root with the provider PROVIDER_SO,
 VERBS_CHECK (verbs_check.c) over both verbs devices (each opened by the provider, queried,
-a PD, a CQ refused). It takes port 1's device from the driver and gives it back (port 0's
+a PD, a CQ refused) and `ibv_devinfo -v`. It takes port 1's device from the driver and gives it back (port 0's
 link goes down, then up, with an event each time, and its selftest passes again), stops
 and restarts port 1's heartbeat (a peer that died without a word: down, then up); a
 program holding port 0's verbs device meanwhile receives PORT_ERR, PORT_ACTIVE, PORT_ERR,
@@ -43,6 +43,7 @@ done
 [ -d /host/etc/libibverbs.d ] && mount -t tmpfs tmpfs /host/etc/libibverbs.d
 host() { chroot /host /usr/bin/env RDMAV_DRIVERS="@DRIVER@" "$@" 2>&1 | sed "s/^/MARK verbs: /"; }
 host @CHECK@ devices 2
+host ibv_devinfo -v
 # Link down and up: port 1's device leaves the driver and comes back.
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
@@ -124,6 +125,10 @@ def check(lines):
         problems.append("verbs: " + "; ".join(failed))
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:
         problems.append("the verbs devices were not both checked, before and after")
+    # ibv_devinfo itself lists both, bound to the provider (no warning above).
+    hcas = sorted(v.split()[1] for v in verbs if v.startswith("hca_id:"))
+    if len(hcas) != 2 or not all(h.startswith("pcientb") for h in hcas):
+        problems.append(f"ibv_devinfo listed {hcas}: expected two pcientb devices")
     ib = re.search(r"^verbs devices ntb-\S+=(pcientb\d+) ntb-\S+=(pcientb\d+)$", "\n".join(lines),
                    re.M)
     if not ib:
