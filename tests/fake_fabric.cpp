@@ -133,12 +133,6 @@ class FakeFabric final : public Fabric {
     return move(p, w, raddr, len, [&](uint8_t *at) { memcpy(dst, at, len); });
   }
 
-  int ring(Peer &p, int fd, uint64_t, const void *rec, size_t len) override {
-    // The descriptor is one of this process: every node lives here.
-    if (!p.live()) return ESRCH;
-    return ::write(fd, rec, len) == static_cast<ssize_t>(len) ? 0 : errno;
-  }
-
   int post(Peer &pp, size_t off, const void *src, size_t len) override {
     auto &p = static_cast<FakePeer &>(pp);
     if (off > kArea || len > kArea - off) return EFAULT;

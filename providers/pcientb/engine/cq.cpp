@@ -195,8 +195,8 @@ Cq *create_cq(Context *ctx, int cqe, Channel *channel, const ibv_cq_init_attr_ex
   cq->channel = channel;
   cq->wc_flags = ex ? ex->wc_flags : 0;
   ring_init(&cq->sh->ring, capacity, kCqSlotSize);
-  cq->sh->channel = channel ? Doorbell{channel->wfd, 0, channel->ino} : Doorbell{-1, 0, 0};
-  cq->sh->async = ctx->async_doorbell();
+  cq->sh->channel = EventFd{channel ? channel->wfd : -1};
+  cq->sh->async = ctx->async_events();
   cq->sh->handle = reinterpret_cast<uint64_t>(&cq->ibv);
   cq->sh->fence.store(membarrier_registered() ? kFenceNone : kFenceAlways);
   cq->ibv.cqe = cqe;  // it holds more (capacity); applications size their work by this
@@ -245,8 +245,7 @@ int req_notify_cq(Cq *cq, bool solicited_only) {
       uint32_t a = sh->armed.load(std::memory_order_relaxed);
       if (a != kDisarmed && sh->armed.compare_exchange_strong(a, kDisarmed)) {
         uint64_t handle = sh->handle;
-        ring_doorbell(cq->ctx->node->fab(), cq->ctx->node->self(), sh->channel, &handle,
-                      sizeof handle);
+        raise_event(cq->ctx->node->fab(), sh->channel, &handle, sizeof handle);
       }
     }
     sh->fence.store(kFenceAlways, std::memory_order_release);
@@ -312,18 +311,17 @@ void cq_discard_qp(Cq *cq, uint32_t qp_num) {
   }
 }
 
-CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t *pos) {
+CqEntry *cq_claim(fabric::Fabric &fab, CqShared *cq, uint64_t *pos) {
   RingSlot *s = mpsc_reserve(&cq->ring, pos);
   if (s) return &reinterpret_cast<CqSlot *>(s)->e;
   if (!cq->overflow.exchange(1)) {
     AsyncRecord rec{cq->handle, IBV_EVENT_CQ_ERR, 0};
-    ring_doorbell(fab, owner, cq->async, &rec, sizeof rec);
+    raise_event(fab, cq->async, &rec, sizeof rec);
   }
   return nullptr;
 }
 
-void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
-               bool solicited) {
+void cq_commit(fabric::Fabric &fab, CqShared *cq, uint64_t pos, bool solicited) {
   RingSlot *s = ring_slot(&cq->ring, pos);
   const CqEntry &e = reinterpret_cast<CqSlot *>(s)->e;
   bool failed = e.wc.status != IBV_WC_SUCCESS;
@@ -340,7 +338,7 @@ void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t 
   if (a == kArmNext || (a == kArmSolicited && (solicited || failed))) {
     if (cq->armed.compare_exchange_strong(a, kDisarmed)) {
       uint64_t handle = cq->handle;
-      ring_doorbell(fab, owner, cq->channel, &handle, sizeof handle);
+      raise_event(fab, cq->channel, &handle, sizeof handle);
     }
   }
 }

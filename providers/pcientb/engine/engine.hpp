@@ -320,7 +320,6 @@ struct InLink {
 struct Channel {
   ibv_comp_channel ibv;  // calloc'd: libibverbs may free() it
   int wfd;
-  uint64_t ino;
 };
 
 struct Context {
@@ -335,13 +334,12 @@ struct Context {
   static int destroy_channel(Channel *ch);
   // Queues a record for ibv_get_async_event() of this context.
   void raise_async(uint64_t element, ibv_event_type type);
-  Doorbell async_doorbell() const { return {async_wfd, 0, async_ino}; }
+  EventFd async_events() const { return {async_wfd}; }
 
   std::shared_ptr<Node> node;
   ibv_context *ibv = nullptr;  // set by the glue
   int async_rfd = -1;
   int async_wfd = -1;
-  uint64_t async_ino = 0;
   std::atomic<int> users{0};
 };
 
@@ -625,15 +623,15 @@ void qp_answer(Qp *qp, const fabric::Peer &from, const AnswerRecord &a);
 struct Gather;
 bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len,
               const Gather *after = nullptr);
-// Adding a completion to a CQ of this node (`owner`): claim an entry and
-// fill it in place, then commit it, which publishes it and raises the
-// completion event the CQ is armed for. cq_claim returns nullptr when the CQ
-// overran (after CQ_ERR).
-CqEntry *cq_claim(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t *pos);
-void cq_commit(fabric::Fabric &fab, fabric::Peer &owner, CqShared *cq, uint64_t pos,
-               bool solicited);
-void ring_doorbell(fabric::Fabric &fab, fabric::Peer &owner, const Doorbell &db, const void *rec,
-                   size_t len);
+// Adding a completion to a CQ of this node: claim an entry and fill it in
+// place, then commit it, which publishes it and raises the completion event
+// the CQ is armed for. cq_claim returns nullptr when the CQ overran (after
+// CQ_ERR).
+CqEntry *cq_claim(fabric::Fabric &fab, CqShared *cq, uint64_t *pos);
+void cq_commit(fabric::Fabric &fab, CqShared *cq, uint64_t pos, bool solicited);
+// Writes an event record (a CQ handle, an AsyncRecord) for this process's
+// ibv_get_cq_event / ibv_get_async_event; counted in the node's statistics.
+void raise_event(fabric::Fabric &fab, const EventFd &to, const void *rec, size_t len);
 void init_cq_ex(Cq *cq);
 
 template <typename T, typename I>

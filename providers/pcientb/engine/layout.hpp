@@ -157,12 +157,11 @@ inline uint64_t ring_count(const RingHeader *r) {
   return t > h ? t - h : 0;
 }
 
-// Where an owner receives doorbells: a descriptor of its process, as the
-// fabric's ring() takes it, and the handle the record carries.
-struct Doorbell {
+// Where the owner's process hears of events of an object (completion channel,
+// async events): the write end of a pipe of that process. Only the owner's own
+// threads raise them (raise_event): nothing here is a peer's to use.
+struct EventFd {
   int32_t fd;  // -1: none
-  uint32_t pad;
-  uint64_t ino;
 };
 
 // --- completion queue ------------------------------------------------------
@@ -192,10 +191,10 @@ struct CqShared {
   // Whether a producer fences between publishing an entry and looking at
   // `armed` (cq.cpp, kFence*); all producers are threads of the owner.
   std::atomic<uint32_t> fence;
-  Doorbell channel;  // completion channel of the owner
-  Doorbell async;    // async events of the owner's context
-  uint64_t handle;   // the owner's struct ibv_cq *
-  RingHeader ring;   // slots follow
+  EventFd channel;  // completion channel of the owner
+  EventFd async;    // async events of the owner's context
+  uint64_t handle;  // the owner's struct ibv_cq *
+  RingHeader ring;  // slots follow
 };
 
 // --- receive queue (a QP's own, or an SRQ) -----------------------------------
@@ -216,7 +215,7 @@ struct RqShared {
   std::atomic<uint32_t> limit;  // SRQ limit; 0 = disarmed
   uint32_t is_srq;
   Off cq;           // an SRQ's completions go to the receiving QP's CQ; unused
-  Doorbell async;   // where SRQ-limit events go
+  EventFd async;    // where SRQ-limit events go
   uint64_t handle;  // the owner's struct ibv_srq *
   // WQEs consumed so far (taken by a message and done with, flushed or given
   // back), in any order: an SRQ's receives are released in the order their
@@ -263,7 +262,7 @@ struct QpShared {
   Off rq;   // RqShared, or 0 with an SRQ
   Off srq;  // RqShared of the SRQ
   Off rcq;  // CqShared of the receive CQ
-  Doorbell async;
+  EventFd async;
   uint64_t handle;  // the owner's struct ibv_qp *
   // The receive of a message whose requester died (or whose window went)
   // while its bytes were pulled: it stays taken, as the receive in progress
@@ -434,7 +433,7 @@ constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
 // The format of what peers read and write in a node's area, as a number: the fabric refuses
 // to mix nodes whose builds differ in it (each would misread the other's memory). Bump
 // kAreaRevision for a change of meaning that no size below shows.
-constexpr uint32_t kAreaRevision = 5;
+constexpr uint32_t kAreaRevision = 6;
 constexpr uint32_t area_layout() {
   const uint64_t parts[] = {kAreaRevision,
                             sizeof(AreaRoot),

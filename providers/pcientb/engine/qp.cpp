@@ -191,7 +191,7 @@ Qp *create_qp(Context *ctx, ibv_qp_init_attr_ex *a, int *err) {
   sh->rq = qp->rq_off;
   sh->srq = qp->srq ? qp->srq->off : 0;
   sh->rcq = qp->rcq->off;
-  sh->async = ctx->async_doorbell();
+  sh->async = ctx->async_events();
   sh->qpn.store(qpn, std::memory_order_release);
   qp->pd->users++;
   qp->scq->users++;

@@ -36,7 +36,7 @@ Off rq_create(Node &node, uint32_t capacity, uint32_t max_sge, uint32_t pd) {
   auto *rq = static_cast<RqShared *>(node.ptr(off));
   rq->max_sge = max_sge;
   rq->pd = pd;
-  rq->async = Doorbell{-1, 0, 0};
+  rq->async = EventFd{-1};
   ring_init(&rq->ring, capacity, recv_slot_size(max_sge));
   return off;
 }
@@ -86,7 +86,7 @@ bool rq_take(Node &node, RqShared *rq, RecvCopy *out) {
   uint32_t limit = rq->limit.load(std::memory_order_relaxed);
   if (limit && ring_count(&rq->ring) < limit && rq->limit.compare_exchange_strong(limit, 0)) {
     AsyncRecord rec{rq->handle, IBV_EVENT_SRQ_LIMIT_REACHED, 0};
-    ring_doorbell(node.fab(), node.self(), rq->async, &rec, sizeof rec);
+    raise_event(node.fab(), rq->async, &rec, sizeof rec);
   }
   return true;
 }
@@ -160,14 +160,14 @@ void qp_overran(Node &node, QpShared *qp) {
   if (s == IBV_QPS_ERR || s == IBV_QPS_RESET) return;  // failed already: one event
   node.push_qp(static_cast<uint32_t>(qp - node.root()->qps));
   AsyncRecord rec{qp->handle, IBV_EVENT_QP_FATAL, 0};
-  ring_doorbell(node.fab(), node.self(), qp->async, &rec, sizeof rec);
+  raise_event(node.fab(), qp->async, &rec, sizeof rec);
   last_wqe_reached(node, qp);
 }
 
 void last_wqe_reached(Node &node, QpShared *qp) {
   if (!qp->srq) return;
   AsyncRecord rec{qp->handle, IBV_EVENT_QP_LAST_WQE_REACHED, 0};
-  ring_doorbell(node.fab(), node.self(), qp->async, &rec, sizeof rec);
+  raise_event(node.fab(), qp->async, &rec, sizeof rec);
 }
 
 void fail_target(Node &node, QpShared *qp) {
@@ -465,7 +465,7 @@ bool serve_in_order(Node &node, fabric::Peer &from, const RecordHead &h, AnswerR
 
 void receipt_claim(Node &node, Receipt &r) {
   if (!r.qp) return;
-  r.slot = cq_claim(node.fab(), node.self(), r.cq, &r.pos);
+  r.slot = cq_claim(node.fab(), r.cq, &r.pos);
   if (!r.slot) qp_overran(node, r.qp);
 }
 
@@ -474,7 +474,7 @@ void receipt_publish(Node &node, const Receipt &r) {
   if (r.slot) {
     r.slot->wc = r.wc;
     r.slot->sq_ticket = 0;
-    cq_commit(node.fab(), node.self(), r.cq, r.pos, r.solicited);
+    cq_commit(node.fab(), r.cq, r.pos, r.solicited);
   }
   if (r.fail) fail_target(node, r.qp);
 }

@@ -65,13 +65,13 @@ void qp_overran(Node &node, QpShared *qp);
 template <typename Fill>
 void complete_with(Node &node, QpShared *qp, CqShared *cq, bool solicited, Fill &&fill) {
   uint64_t pos;
-  CqEntry *e = cq_claim(node.fab(), node.self(), cq, &pos);
+  CqEntry *e = cq_claim(node.fab(), cq, &pos);
   if (!e) {
     qp_overran(node, qp);
     return;
   }
   fill(*e);
-  cq_commit(node.fab(), node.self(), cq, pos, solicited);
+  cq_commit(node.fab(), cq, pos, solicited);
 }
 inline void complete_to(Node &node, QpShared *qp, CqShared *cq, const ibv_wc &wc, bool solicited) {
   complete_with(node, qp, cq, solicited, [&](CqEntry &e) {

@@ -39,7 +39,7 @@ Srq *create_srq(Pd *pd, ibv_srq_init_attr *a, int *err) {
   srq->max_wr = s.max_wr;
   srq->max_sge = s.max_sge;
   srq->sh->is_srq = 1;
-  srq->sh->async = pd->ctx->async_doorbell();
+  srq->sh->async = pd->ctx->async_events();
   srq->sh->handle = reinterpret_cast<uint64_t>(&srq->ibv);
   srq->sh->limit.store(s.srq_limit);
   node.add_srq(srq);

@@ -111,10 +111,6 @@ class Fabric {
   virtual MoveStatus write(Peer &peer, WindowId w, uint64_t raddr, const void *src, size_t len) = 0;
   virtual MoveStatus read(Peer &peer, WindowId w, uint64_t raddr, void *dst, size_t len) = 0;
 
-  // Doorbell: deliver a small record to a descriptor of the peer (completion
-  // channel, async events). fd and ino name it as the owner published them.
-  virtual int ring(Peer &peer, int fd, uint64_t ino, const void *rec, size_t len) = 0;
-
   // --- the control path of the transport contract (docs/transport.md) ---
   // A posted write of [src, src+len) to [off, off+len) of the peer's area:
   // what a node may do to a peer's control memory (it never loads from it,

@@ -133,7 +133,6 @@ class EmuPeer final : public Peer {
   void attach_self(SegHeader *hdr, uint64_t nonce);
   // Local address of a peer's window range, nullptr if it is not mapped.
   uint8_t *translate(const WindowEntry &w, uint64_t raddr, size_t len, size_t *run);
-  int doorbell_fd(int fd, uint64_t ino);
   // The write end of the peer's node doorbell, -1 if it cannot be had.
   int bell();
 
@@ -158,7 +157,6 @@ class EmuPeer final : public Peer {
   std::mutex mu_;
   std::unique_ptr<std::atomic<const Mapping *>[]> cache_;
   std::vector<std::unique_ptr<Mapping>> mappings_;  // kept mapped until the peer goes
-  std::map<std::pair<int, uint64_t>, int> doorbells_;
   // The peer's doorbell pipe, both ends: holding a reader, a write never
   // raises SIGPIPE when the peer has gone.
   std::atomic<int> bell_w_{-1};
@@ -190,7 +188,6 @@ class EmuFabric final : public Fabric {
   void unexpose(WindowId id) override;
   MoveStatus write(Peer &p, WindowId w, uint64_t raddr, const void *src, size_t len) override;
   MoveStatus read(Peer &p, WindowId w, uint64_t raddr, void *dst, size_t len) override;
-  int ring(Peer &p, int fd, uint64_t ino, const void *rec, size_t len) override;
   int post(Peer &p, size_t off, const void *src, size_t len) override;
   void doorbell(Peer &p, bool maskable) override;
   void polling() override {

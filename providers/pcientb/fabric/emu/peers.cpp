@@ -110,7 +110,6 @@ uint64_t mono_ns() {
 // ---- peers ---------------------------------------------------------------
 
 EmuPeer::~EmuPeer() {
-  for (auto &[key, fd] : doorbells_) close(fd);
   if (bell_w_ >= 0) close(bell_w_);
   if (bell_r_ >= 0) close(bell_r_);
   for (auto &m : mappings_) kernel::munmap(m->base, m->size);
@@ -198,21 +197,6 @@ uint8_t *EmuPeer::translate(const WindowEntry &w, uint64_t raddr, size_t len, si
     return m->base + e.chunk_off + in;
   }
   return nullptr;
-}
-
-int EmuPeer::doorbell_fd(int fd, uint64_t ino) {
-  if (self) return fd;
-  std::lock_guard<std::mutex> g(mu_);
-  auto it = doorbells_.find({fd, ino});
-  if (it != doorbells_.end()) return it->second;
-  int local = peer_fd(pid, pidfd, fd, O_WRONLY | O_NONBLOCK);
-  if (local < 0) return -1;
-  if (fd_ino(local) != ino) {
-    close(local);
-    return -1;
-  }
-  doorbells_[{fd, ino}] = local;
-  return local;
 }
 
 int EmuPeer::bell() {
@@ -336,16 +320,6 @@ MoveStatus EmuFabric::read(Peer &pp, WindowId w, uint64_t raddr, void *dst, size
     bulk_copy(d + off, at, n);
     return MoveStatus::ok;
   });
-}
-
-int EmuFabric::ring(Peer &pp, int fd, uint64_t ino, const void *rec, size_t len) {
-  auto &p = static_cast<EmuPeer &>(pp);
-  int local = p.doorbell_fd(fd, ino);
-  if (local < 0) return ESRCH;
-  // The kernel's write: under pcientb-run, libc's write() is interposed (rdma_cm), and a
-  // doorbell per SEND should not pay for that (~12 ns of an 8 B SEND's latency).
-  ssize_t n = syscall(SYS_write, local, rec, len);
-  return n == static_cast<ssize_t>(len) ? 0 : errno;
 }
 
 int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
