@@ -40,17 +40,31 @@ static struct plx_port *to_port(struct ntb_dev *ntb)
 	return container_of(ntb, struct plx_port, ntb);
 }
 
+/* The link as the hardware has it now. */
+static bool plx_link_hw_up(struct plx_port *p, u16 *sta)
+{
+	*sta = 0;
+	pcie_capability_read_word(p->ntb.pdev, PCI_EXP_LNKSTA, sta);
+	return plx_nt_link_enabled(&p->nt) && (*sta & PCI_EXP_LNKSTA_NLW);
+}
+
+/*
+ * The link as last reported (plx_link_work): a client that looks at each event sees the
+ * down of a bounce, then the up, though both events come after the link was back.
+ */
 static u64 plx_link_is_up(struct ntb_dev *ntb, enum ntb_speed *speed, enum ntb_width *width)
 {
 	struct plx_port *p = to_port(ntb);
-	u16 sta = 0;
+	bool up = READ_ONCE(p->link_was_up);
+	u16 sta;
 
-	pcie_capability_read_word(ntb->pdev, PCI_EXP_LNKSTA, &sta);
+	plx_link_hw_up(p, &sta);
 	if (speed)
-		*speed = sta & PCI_EXP_LNKSTA_CLS;
+		*speed = up ? sta & PCI_EXP_LNKSTA_CLS : NTB_SPEED_NONE;
 	if (width)
-		*width = (sta & PCI_EXP_LNKSTA_NLW) >> PCI_EXP_LNKSTA_NLW_SHIFT;
-	return plx_nt_link_enabled(&p->nt) && (sta & PCI_EXP_LNKSTA_NLW);
+		*width = up ? (sta & PCI_EXP_LNKSTA_NLW) >> PCI_EXP_LNKSTA_NLW_SHIFT :
+			      NTB_WIDTH_NONE;
+	return up;
 }
 
 static int plx_link_enable(struct ntb_dev *ntb, enum ntb_speed max_speed, enum ntb_width max_width)
@@ -274,15 +288,16 @@ static void plx_link_work(struct work_struct *work)
 {
 	struct plx_port *p = container_of(to_delayed_work(work), struct plx_port, link_work);
 	bool up;
+	u16 sta;
 
 	/* Down and up again before this ran: clients still hear of the down first. */
 	if (xchg(&p->went_down, false) && p->link_was_up) {
-		p->link_was_up = false;
+		WRITE_ONCE(p->link_was_up, false);
 		ntb_link_event(&p->ntb);
 	}
-	up = plx_link_is_up(&p->ntb, NULL, NULL);
+	up = plx_link_hw_up(p, &sta);
 	if (up != p->link_was_up) {
-		p->link_was_up = up;
+		WRITE_ONCE(p->link_was_up, up);
 		ntb_link_event(&p->ntb);
 	}
 	schedule_delayed_work(&p->link_work, msecs_to_jiffies(PLX_LINK_POLL_MS));

@@ -70,7 +70,8 @@ static int pcientb_query_port(struct ib_device *ibdev, u32 port, struct ib_port_
 
 	/* ib_query_port() cleared *attr. */
 	attr->state = up ? IB_PORT_ACTIVE : IB_PORT_DOWN;
-	attr->phys_state = up ? IB_PORT_PHYS_STATE_LINK_UP : IB_PORT_PHYS_STATE_DISABLED;
+	/* The link is enabled from probe on: down means it waits for the peer. */
+	attr->phys_state = up ? IB_PORT_PHYS_STATE_LINK_UP : IB_PORT_PHYS_STATE_POLLING;
 	attr->max_mtu = IB_MTU_4096;
 	attr->active_mtu = IB_MTU_4096;
 	attr->gid_tbl_len = 1;
@@ -180,18 +181,20 @@ static const struct ib_device_ops pcientb_ib_ops = {
 };
 
 /*
- * Unique per port of a host (its PCI function and NTB port); 00:10:b5 is PLX's OUI, the
- * vendor the device reports.
+ * The function's device serial number (an EUI-64: a PEX switch has one, shared by its NT
+ * ports) with the NTB port number in its low bits: unique across hosts. Without one:
+ * PLX's OUI (00:10:b5), then the PCI domain, bus, function and port: unique in this host.
  */
 static __be64 node_guid(struct ntb_dev *ntb)
 {
 	struct pci_dev *pdev = ntb->pdev;
-	u64 guid = 0x0010b5ULL << 40;
+	u64 port = ntb_port_number(ntb) & 0xff;
+	u64 dsn = pci_get_dsn(pdev);
 
-	guid |= (u64)(pci_domain_nr(pdev->bus) & 0xff) << 32;
-	guid |= (u64)pdev->bus->number << 24 | (u64)pdev->devfn << 16;
-	guid |= (u64)(ntb_port_number(ntb) & 0xffff);
-	return cpu_to_be64(guid);
+	if (dsn)
+		return cpu_to_be64(dsn ^ port);
+	return cpu_to_be64(0x0010b5ULL << 40 | (u64)(pci_domain_nr(pdev->bus) & 0xffff) << 24 |
+			   (u64)pdev->bus->number << 16 | (u64)pdev->devfn << 8 | port);
 }
 
 struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
@@ -221,7 +224,12 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	return dev;
 }
 
-/* Called with the NTB's ctx_lock held (any context): the port follows the link. */
+/*
+ * Called with the NTB's ctx_lock held (any context): the port follows the link. An NTB link
+ * event carries no state: a driver that reports a bounce only once it is over (the link
+ * reads up at both events) is not heard here; ntb_plx.c answers link_is_up with what it
+ * reported. A peer that restarted is for the node table's nonces to find (docs/kernel.md).
+ */
 void pcientb_ib_link_event(struct pcientb_ib *dev)
 {
 	struct ib_event event = {
@@ -237,11 +245,12 @@ void pcientb_ib_link_event(struct pcientb_ib *dev)
 	ib_dispatch_event(&event);
 }
 
-/* After the NTB context is cleared: no link event reaches the device any more. */
+/*
+ * After the NTB context is cleared: no link event reaches the device any more, and
+ * unregistering flushes those already dispatched (ib_cache_cleanup_one).
+ */
 void pcientb_ib_remove(struct pcientb_ib *dev)
 {
 	ib_unregister_device(&dev->ibdev);
-	/* Events already dispatched are work items of ib_wq holding the device. */
-	flush_workqueue(ib_wq);
 	ib_dealloc_device(&dev->ibdev);
 }

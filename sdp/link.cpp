@@ -163,7 +163,9 @@ Device *device() {
   int n = 0;
   ibv_device **list = ibv_get_device_list(&n);
   ibv_device *pick = nullptr;
-  for (int i = 0; list && i < n; ++i)
+  // The first: the preload lists the emulated device before any of pcientb.ko's (which
+  // may have the same name and, for now, no data path).
+  for (int i = 0; list && i < n && !pick; ++i)
     if (strncmp(ibv_get_device_name(list[i]), "pcientb", 7) == 0) pick = list[i];
   if (pick) dev->ctx = ibv_open_device(pick);
   if (list) ibv_free_device_list(list);

@@ -123,7 +123,7 @@ int child_open_errno(const std::string &fabric) {
     int n = 0;
     ibv_device **list = ibv_get_device_list(&n);
     ibv_device *dev = nullptr;
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < n && !dev; ++i)  // the first: the emulated one
       if (!strcmp(ibv_get_device_name(list[i]), "pcientb0")) dev = list[i];
     if (!dev) _exit(100);
     ibv_context *ctx = ibv_open_device(dev);

@@ -33,7 +33,7 @@ static void fail(const char *dev, const char *what, int err) {
 static int check_device(struct ibv_device *d, __be64 *guid) {
   const char *name = ibv_get_device_name(d);
   struct ibv_context *ctx = ibv_open_device(d);
-  struct ibv_device_attr attr;
+  struct ibv_device_attr attr = {0};
   struct ibv_port_attr port;
   union ibv_gid gid;
   __be16 pkey = 0;

@@ -17,7 +17,8 @@ Node::Node() {
   ibv_device **list = ibv_get_device_list(&n);
   if (!list) throw_verbs("ibv_get_device_list", errno);
   ibv_device *device = nullptr;
-  for (int i = 0; i < n; ++i)
+  // The first: the preload lists the emulated device before a kernel one of that name.
+  for (int i = 0; i < n && !device; ++i)
     if (std::strcmp(ibv_get_device_name(list[i]), "pcientb0") == 0) device = list[i];
   if (device) ctx.reset(ibv_open_device(device));
   int err = errno;
