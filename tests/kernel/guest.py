@@ -62,6 +62,18 @@ fi
 """.replace("MARK", MARK)
 
 
+# With the host's root: `host CMD...` runs a program of the host in a chroot, with the
+# provider under test only (RDMAV_DRIVERS), its output marked "verbs: "; $CHECK is the
+# verbs_check program.
+VERBS_HEAD = r"""
+[ -d /host/etc/libibverbs.d ] && mount -t tmpfs tmpfs /host/etc/libibverbs.d
+host() { chroot /host /usr/bin/env RDMAV_DRIVERS="@DRIVER@" "$@" 2>&1 | sed "s/^/MARK verbs: /"; }
+CHECK="@CHECK@"
+# The guest's /tmp hides the host's.
+[ -x "/host$CHECK" ] || say "verbs: FAIL no $CHECK in the host's root as the guest sees it"
+"""
+
+
 def skip(why):
     print(f"[kernel] skipped: {why}")
     sys.exit(SKIP)
@@ -151,16 +163,25 @@ def marked(text):
 
 
 @contextlib.contextmanager
-def workspace(doc, init_body, prefix, hostroot=False):
-    """For `tierN.py PCIENTB_KO [--keep DIR]`: checks the host, builds the initramfs with
-    init_body and starts an ivshmem server; yields them (kernel, image, dir, sock, server).
-    Everything goes when the test ends, but a --keep directory."""
+def workspace(doc, init_body, prefix):
+    """For `tierN.py PCIENTB_KO VERBS_CHECK PROVIDER_SO [--keep DIR]`: checks the host,
+    builds the initramfs with VERBS_HEAD + init_body (the guests get the host's root) and
+    starts an ivshmem server; yields them (kernel, image, dir, sock, server). Everything
+    goes when the test ends, but a --keep directory."""
     args = sys.argv[1:]
-    if not args:
+    keep = args[args.index("--keep") + 1] if "--keep" in args else None
+    if keep:
+        args = args[:args.index("--keep")] + args[args.index("--keep") + 2:]
+    if len(args) != 3:
         print(doc)
         sys.exit(2)
-    ko = os.path.abspath(args[0])
-    keep = args[args.index("--keep") + 1] if "--keep" in args else None
+    ko, check, provider = (os.path.abspath(a) for a in args)
+    if not provider.endswith("-rdmav34.so"):
+        fail(f"{provider} is not a provider library (lib<name>-rdmav34.so)")
+    # RDMAV_DRIVERS names a provider by its path without the suffix.
+    head = VERBS_HEAD.replace("@CHECK@", check).replace("@DRIVER@",
+                                                        provider[:-len("-rdmav34.so")])
+    init_body = head + init_body
     kernel = check_host(ko)
     release = os.path.basename(kernel)[len("vmlinuz-"):]
     # The guests' RAM files: in memory, not written back to a disk.
@@ -169,7 +190,7 @@ def workspace(doc, init_body, prefix, hostroot=False):
     os.makedirs(work, exist_ok=True)
     server = None
     try:
-        image = initramfs(work, ko, init_body, release, hostroot)
+        image = initramfs(work, ko, init_body, release, hostroot=True)
         sock = os.path.join(work, "ivshmem.sock")
         server = IvshmemServer(sock, size=1 << 20, vectors=IVSHMEM_VECTORS).start()
         yield types.SimpleNamespace(kernel=kernel, image=image, dir=work, sock=sock,

@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """Kernel tier 2: two QEMU guests (TCG) joined as two hosts through an emulated NTB.
 
-  tier2.py PCIENTB_KO [--keep DIR]
+  tier2.py PCIENTB_KO VERBS_CHECK PROVIDER_SO [--keep DIR]
 
 Each guest's RAM is a file that the other guest maps as an ivshmem-plain BAR (its memory
 window onto the other host: a back-to-back NTB whose inbound translation covers all
 memory), and each has one ivshmem-doorbell device on a shared ivshmem server (ports 0
 and 1). Both load pcientb.ko and read their port's debugfs "remote" at once (each writes
 64 KiB through its window into the other's buffer, rings, and checks what the other
-wrote). Then guest A reads "sink" (keeps a window open until the link goes down) and guest
-B reads "source" (writes through it and rings, in a loop); the host kills B's QEMU
-mid-stream. Checks: both "remote" PASS; A's link goes down after the kill, within 10 s
-(its heartbeat timeout is 3 s), after B's doorbells arrived; A unloads the module, and its dmesg
-holds no warning. Exit 0 pass, 1 fail, 77 skip (as tier1.py).
+wrote), and check their verbs device through libibverbs and the provider (VERBS_CHECK, as
+in tier 1, from the host's root). Then guest A reads "sink" (keeps a window open until the
+link goes down) while a program holds A's verbs device, and guest B reads "source" (writes
+through it and rings, in a loop); the host kills B's QEMU mid-stream. Checks: both
+"remote" and verbs checks pass; A's link goes down after the kill, within 10 s (its
+heartbeat timeout is 3 s), after B's doorbells arrived, and A's program hears PORT_ERR
+within that time too; A unloads the module (the program then hears DEVICE_FATAL), and its
+dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (as tier1.py).
 """
 
 import os
@@ -31,11 +34,21 @@ if insmod /pcientb.ko ivshmem=1; then say "insmod ok"; else say "insmod failed";
 d=$(echo /sys/kernel/debug/pcientb/*/)
 say "remote $(basename "$d")"
 show "$d/remote"
+host $CHECK devices 1
+ib=$(basename /sys/class/infiniband/*)
 case "$(cat /proc/cmdline)" in
   *pcientb_role=source*) say "streaming"; show "$d/source" ;;
-  *pcientb_role=sink*) show "$d/sink"; say "sink ended" ;;
+  *pcientb_role=sink*)
+    # Until the device goes (rmmod: DEVICE_FATAL).
+    host $CHECK events "$ib" 16 180 /tmp/ready &
+    watch=$!
+    i=0
+    while [ ! -e /host/tmp/ready ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    [ $i -lt 300 ] || say "verbs: FAIL the event watcher did not start within 30 s"
+    show "$d/sink"; say "sink ended" ;;
 esac
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
+[ -n "$watch" ] && wait $watch
 check_dmesg
 say "done"
 poweroff -f
@@ -108,13 +121,13 @@ def run_guests(w, guests):
     ram = {n: os.path.join(w.dir, f"ram{n}") for n in "AB"}
     t0 = time.monotonic()
     a = Guest("A", guest.qemu_argv(w.kernel, w.image, ram["A"], ram["B"], [w.sock],
-                                   "pcientb_role=sink"))
+                                   "pcientb_role=sink", hostroot=True))
     guests.append(a)
     # A connects first and is port 0; B's QEMU starts once A's device is in.
     while not w.server.peers and a.p.poll() is None and time.monotonic() - t0 < 30:
         time.sleep(0.05)
     b = Guest("B", guest.qemu_argv(w.kernel, w.image, ram["B"], ram["A"], [w.sock],
-                                   "pcientb_role=source"))
+                                   "pcientb_role=source", hostroot=True))
     guests.append(b)
 
     streaming = b.wait_line(lambda l: l == "streaming", 120)
@@ -126,6 +139,8 @@ def run_guests(w, guests):
             b.p.send_signal(signal.SIGKILL)
             killed = time.monotonic()
     down = a.wait_line(lambda l: l.startswith("ok   link down"), 60)
+    port_err = a.wait_line(lambda l: l.startswith("verbs: event ") and l.endswith(" PORT_ERR"),
+                           30)
     a.finish(60)
     b.finish(10)
     for g in guests:
@@ -136,6 +151,17 @@ def run_guests(w, guests):
     for g in guests:
         if g.texts().count("PASS") != 1:
             problems.append(f"guest {g.name}: 'remote' did not pass")
+        verbs = [l for l in g.texts() if l.startswith("verbs: ")]
+        bad = [v for v in verbs if v.startswith("verbs: FAIL") or "warning" in v.lower()]
+        if bad or "verbs: devices 1" not in verbs:
+            problems.append(f"guest {g.name}: verbs device not checked: {bad}")
+    events = [l.split()[3] for l in a.texts() if l.startswith("verbs: event ")]
+    if events != ["PORT_ERR", "DEVICE_FATAL"]:
+        problems.append(f"A's program heard {events}: expected PORT_ERR, then DEVICE_FATAL")
+    elif killed is not None and port_err is not None:
+        print(f"[kernel] A's program heard PORT_ERR {port_err - killed:.2f} s after the kill")
+        if not 0 <= port_err - killed <= DOWN_WITHIN_S:
+            problems.append(f"A's PORT_ERR came {port_err - killed:.1f} s after the kill")
     if killed is None:
         problems.append("guest B never streamed, or stopped before it was killed")
     elif down is None:
