@@ -4,14 +4,17 @@
  * uverbs under PCIENTB_DRIVER_ID, so that libibverbs lists it with no preload and binds it
  * to libpcientb-rdmav34.so.
  *
- * What it serves today: device and port queries, user contexts and protection domains; the
- * port is ACTIVE while the NTB link is up, and each change of the link is an async event
- * (IB_EVENT_PORT_ACTIVE / IB_EVENT_PORT_ERR). It reports no queue pairs, completion queues
- * or memory regions (max_qp = max_cq = max_mr = 0): the provider's engine reaches them
- * through the kernel fabric backend, which is not built yet (docs/kernel.md).
+ * What it serves today: device and port queries, user contexts (each a node of the fabric
+ * with a LID of its own) and protection domains; the port is ACTIVE while the NTB link is up, and
+ * each change of the link is an async event (IB_EVENT_PORT_ACTIVE / IB_EVENT_PORT_ERR). It reports
+ * no queue pairs, completion queues or memory regions (max_qp = max_cq = max_mr = 0): the
+ * provider's engine reaches them through the kernel fabric backend, which is not built yet
+ * (docs/kernel.md).
  */
 #include <linux/atomic.h>
+#include <linux/idr.h>
 #include <linux/ntb.h>
+#include <linux/random.h>
 #include <linux/pci.h>
 #include <rdma/ib_verbs.h>
 
@@ -24,11 +27,13 @@ struct pcientb_ib {
 	struct ib_device ibdev;
 	struct ntb_dev *ntb;
 	atomic_t pds;
+	struct ida lids; /* of its contexts */
 	bool active; /* what the last event said; under the NTB's ctx_lock (link events) */
 };
 
 struct pcientb_ucontext {
 	struct ib_ucontext ibuc;
+	u32 lid;
 };
 
 struct pcientb_pd {
@@ -115,22 +120,38 @@ static int pcientb_query_pkey(struct ib_device *ibdev, u32 port, u16 index, u16 
 
 static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata)
 {
+	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
 	struct pcientb_ib *dev = to_dev(ibuc->device);
+	/* Two ports of a bridge have different numbers: their halves differ. */
+	u32 base = (ntb_port_number(dev->ntb) & 1) * PCIENTB_LIDS_PER_PORT;
 	struct pcientb_ucontext_resp resp = {
 		.magic = PCIENTB_UCONTEXT_MAGIC,
 		.abi_version = PCIENTB_UVERBS_ABI_VERSION,
 		.port = ntb_port_number(dev->ntb),
 		.peer_port = ntb_peer_port_number(dev->ntb, 0),
+		.nonce = get_random_u64(),
 	};
+	int lid, rc;
 
 	/* A provider of another ABI asks for less: it is refused, not half answered. */
 	if (udata->outlen < sizeof(resp))
 		return -EINVAL;
-	return ib_copy_to_udata(udata, &resp, sizeof(resp));
+	lid = ida_alloc_range(&dev->lids, base + 1, base + PCIENTB_LIDS_PER_PORT - 1, GFP_KERNEL);
+	if (lid < 0)
+		return lid == -ENOSPC ? -EUSERS : lid;
+	uc->lid = lid;
+	resp.lid = lid;
+	rc = ib_copy_to_udata(udata, &resp, sizeof(resp));
+	if (rc)
+		ida_free(&dev->lids, lid);
+	return rc;
 }
 
 static void pcientb_dealloc_ucontext(struct ib_ucontext *ibuc)
 {
+	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
+
+	ida_free(&to_dev(ibuc->device)->lids, uc->lid);
 }
 
 /*
@@ -206,6 +227,7 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	if (!dev)
 		return ERR_PTR(-ENOMEM);
 	dev->ntb = ntb;
+	ida_init(&dev->lids);
 	dev->ibdev.node_type = RDMA_NODE_IB_CA;
 	dev->ibdev.phys_port_cnt = 1;
 	dev->ibdev.num_comp_vectors = 1;
@@ -217,6 +239,7 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	/* NULL: no DMA mapping through the ib_device (no MRs yet; the DMA engine maps its own). */
 	rc = ib_register_device(&dev->ibdev, "pcientb%d", NULL);
 	if (rc) {
+		ida_destroy(&dev->lids);
 		ib_dealloc_device(&dev->ibdev);
 		return ERR_PTR(rc);
 	}
@@ -252,5 +275,6 @@ void pcientb_ib_link_event(struct pcientb_ib *dev)
 void pcientb_ib_remove(struct pcientb_ib *dev)
 {
 	ib_unregister_device(&dev->ibdev);
+	ida_destroy(&dev->lids);
 	ib_dealloc_device(&dev->ibdev);
 }

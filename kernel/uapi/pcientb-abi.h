@@ -15,8 +15,15 @@
  * binds by it, and every uverbs ioctl carries it.
  */
 #define PCIENTB_DRIVER_ID 0x504e
-#define PCIENTB_UVERBS_ABI_VERSION 1
+#define PCIENTB_UVERBS_ABI_VERSION 2
 #define PCIENTB_UCONTEXT_MAGIC 0x7063696e /* "pcin" */
+
+/*
+ * A context is a node of the fabric, as a process is on the emulated one: it has a LID of
+ * its own, from its port's half of the LID space (port 0: 1..511, port 1: 513..1023), so
+ * the two hosts never give the same one, and a nonce that tells its incarnation apart.
+ */
+#define PCIENTB_LIDS_PER_PORT 512
 
 /* The driver data of GET_CONTEXT's response. */
 struct pcientb_ucontext_resp {
@@ -24,6 +31,9 @@ struct pcientb_ucontext_resp {
 	__u32 abi_version; /* PCIENTB_UVERBS_ABI_VERSION */
 	__u32 port; /* this host's NTB port number */
 	__u32 peer_port; /* the port number of the host across the bridge */
+	__u32 lid; /* this context's */
+	__u32 reserved;
+	__aligned_u64 nonce;
 };
 
 #endif

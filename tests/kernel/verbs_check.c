@@ -5,7 +5,9 @@
  *   verbs_check devices N
  *       every pcientb device: opens it (the provider bound it), checks what device, port,
  *       GID and P_Key queries answer, allocates and frees a PD, and that a CQ is refused
- *       with EOPNOTSUPP (no data path yet); expects N devices with distinct GUIDs.
+ *       with EOPNOTSUPP (no data path yet); a second context of the device is another node
+ *       (another LID, in the same port's half of the LID space); expects N devices with
+ *       distinct GUIDs, whose ports' LIDs are in different halves.
  *   verbs_check events DEVICE N SECONDS READY_FILE
  *       opens DEVICE, creates READY_FILE, then prints the device's async events until N
  *       arrived, DEVICE_FATAL (the last there is) or SECONDS passed.
@@ -30,7 +32,31 @@ static void fail(const char *dev, const char *what, int err) {
   failures++;
 }
 
-static int check_device(struct ibv_device *d, __be64 *guid) {
+// The half of the LID space a LID is in (its port's), -1 for none.
+static int lid_half(uint16_t lid) {
+  return lid && lid % 512 ? lid / 512 : -1;
+}
+
+// The LID of another context of the same device, which is open meanwhile.
+static void check_second_context(struct ibv_device *d, uint16_t lid) {
+  const char *name = ibv_get_device_name(d);
+  struct ibv_context *ctx = ibv_open_device(d);
+  struct ibv_port_attr port;
+
+  if (!ctx) {
+    fail(name, "a second ibv_open_device", errno);
+    return;
+  }
+  if (ibv_query_port(ctx, 1, &port))
+    fail(name, "ibv_query_port of a second context", errno);
+  else if (port.lid == lid || lid_half(port.lid) != lid_half(lid))
+    printf("FAIL %s: two contexts have LIDs %u and %u (distinct, same half expected)\n", name, lid,
+           port.lid),
+        failures++;
+  ibv_close_device(ctx);
+}
+
+static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   const char *name = ibv_get_device_name(d);
   struct ibv_context *ctx = ibv_open_device(d);
   struct ibv_device_attr attr = {0};
@@ -62,8 +88,12 @@ static int check_device(struct ibv_device *d, __be64 *guid) {
   if (rc)
     fail(name, "ibv_query_port", rc);
   else if (port.state != IBV_PORT_ACTIVE || port.link_layer != IBV_LINK_LAYER_INFINIBAND ||
-           port.active_mtu != IBV_MTU_4096 || port.gid_tbl_len != 1)
-    fail(name, "port attributes (ACTIVE, InfiniBand, MTU 4096, one GID)", 0);
+           port.active_mtu != IBV_MTU_4096 || port.gid_tbl_len != 1 || lid_half(port.lid) < 0)
+    fail(name, "port attributes (ACTIVE, InfiniBand, MTU 4096, one GID, a LID)", 0);
+  else
+    check_second_context(d, port.lid);
+  *half = rc ? -1 : lid_half(port.lid);
+  const uint16_t lid = rc ? 0 : port.lid;
   if (ibv_query_port(ctx, 2, &port) == 0) fail(name, "port 2 answered", 0);
   rc = ibv_query_gid(ctx, 1, 0, &gid);
   if (rc)
@@ -89,8 +119,8 @@ static int check_device(struct ibv_device *d, __be64 *guid) {
   rc = ibv_close_device(ctx);
   if (rc) fail(name, "ibv_close_device", errno);
   if (failures == before)
-    printf("device %s ok guid %016llx port ACTIVE pd ok cq EOPNOTSUPP\n", name,
-           (unsigned long long)be64toh(attr.node_guid));
+    printf("device %s ok guid %016llx lid %u port ACTIVE pd ok cq EOPNOTSUPP\n", name,
+           (unsigned long long)be64toh(attr.node_guid), lid);
   return failures == before ? 0 : -1;
 }
 
@@ -98,6 +128,7 @@ static int devices(int want) {
   int n = 0, i, j, found = 0;
   struct ibv_device **list = ibv_get_device_list(&n);
   __be64 guids[16];
+  int halves[16];
 
   if (!list) {
     fail("-", "ibv_get_device_list", errno);
@@ -105,9 +136,12 @@ static int devices(int want) {
   }
   for (i = 0; i < n; i++) {
     if (strncmp(ibv_get_device_name(list[i]), "pcientb", 7) != 0 || found == 16) continue;
-    if (check_device(list[i], &guids[found]) == 0)
-      for (j = 0; j < found; j++)
+    if (check_device(list[i], &guids[found], &halves[found]) == 0)
+      for (j = 0; j < found; j++) {
         if (guids[j] == guids[found]) fail(ibv_get_device_name(list[i]), "GUID not unique", 0);
+        if (halves[j] == halves[found])
+          fail(ibv_get_device_name(list[i]), "LIDs in the same half as another port's", 0);
+      }
     found++;
   }
   ibv_free_device_list(list);

@@ -137,6 +137,8 @@ int query_port(ibv_context *c, uint8_t port, ibv_port_attr *attr) {
   attr->phys_state = r.phys_state;
   attr->link_layer = r.link_layer;
   attr->flags = r.flags;
+  // Each context is a node with a LID of its own (as each process on the emulated fabric).
+  attr->lid = static_cast<uint16_t>(kctx_of(c)->info.lid);
   return 0;
 }
 
