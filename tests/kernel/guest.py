@@ -48,13 +48,12 @@ check_dmesg() {
     sed "s/^/MARK dmesg: /"
 }
 for m in $(cat /modules/order); do insmod /modules/$m || say "insmod $m failed"; done
-# The host's root at /host (when the guest has it): /proc, /sys and /dev of the guest, and
-# a /tmp of its own.
+# The host's root at /host (when the guest has it), with /proc, /sys and /dev of the guest
+# (/dev is where programs there may write: the build tree under test may be in /tmp).
 if [ -e /modules/9p.ko ]; then
   mkdir -p /host
   if mount -t 9p -o trans=virtio,version=9p2000.L,ro hostroot /host; then
     for d in proc sys dev; do mount -o bind /$d /host/$d; done
-    mount -t tmpfs tmpfs /host/tmp
   else
     say "no host root"
   fi
@@ -69,7 +68,6 @@ VERBS_HEAD = r"""
 [ -d /host/etc/libibverbs.d ] && mount -t tmpfs tmpfs /host/etc/libibverbs.d
 host() { chroot /host /usr/bin/env RDMAV_DRIVERS="@DRIVER@" "$@" 2>&1 | sed "s/^/MARK verbs: /"; }
 CHECK="@CHECK@"
-# The guest's /tmp hides the host's.
 [ -x "/host$CHECK" ] || say "verbs: FAIL no $CHECK in the host's root as the guest sees it"
 """
 

@@ -55,12 +55,12 @@ ib_of() {
 ib_first=$(ib_of "$first"); ib_second=$(ib_of "$second")
 say "verbs devices $first=$ib_first $second=$ib_second"
 # Until the device goes (rmmod: DEVICE_FATAL).
-host $CHECK events "$ib_first" 16 180 /tmp/ready1 &
+host $CHECK events "$ib_first" 16 180 /dev/pcientb-ready1 &
 watch_first=$!
-host $CHECK events "$ib_second" 3 120 /tmp/ready2 &
+host $CHECK events "$ib_second" 3 120 /dev/pcientb-ready2 &
 watch_second=$!
 i=0
-while { [ ! -e /host/tmp/ready1 ] || [ ! -e /host/tmp/ready2 ]; } && [ $i -lt 300 ]; do
+while { [ ! -e /dev/pcientb-ready1 ] || [ ! -e /dev/pcientb-ready2 ]; } && [ $i -lt 300 ]; do
   sleep 0.1; i=$((i + 1))
 done
 [ $i -lt 300 ] || say "verbs: FAIL the event watchers did not start within 30 s"

@@ -40,10 +40,10 @@ case "$(cat /proc/cmdline)" in
   *pcientb_role=source*) say "streaming"; show "$d/source" ;;
   *pcientb_role=sink*)
     # Until the device goes (rmmod: DEVICE_FATAL).
-    host $CHECK events "$ib" 16 180 /tmp/ready &
+    host $CHECK events "$ib" 16 180 /dev/pcientb-ready &
     watch=$!
     i=0
-    while [ ! -e /host/tmp/ready ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    while [ ! -e /dev/pcientb-ready ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
     [ $i -lt 300 ] || say "verbs: FAIL the event watcher did not start within 30 s"
     show "$d/sink"; say "sink ended" ;;
 esac
