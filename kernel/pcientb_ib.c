@@ -122,7 +122,10 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 {
 	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
 	struct pcientb_ib *dev = to_dev(ibuc->device);
-	/* Two ports of a bridge have different numbers: their halves differ. */
+	/*
+	 * Two ports of a bridge have different numbers: their halves differ. (Not yet on a
+	 * PEX8749 back to back: ntb_plx.c has no port numbers, both sides are port 0.)
+	 */
 	u32 base = (ntb_port_number(dev->ntb) & 1) * PCIENTB_LIDS_PER_PORT;
 	struct pcientb_ucontext_resp resp = {
 		.magic = PCIENTB_UCONTEXT_MAGIC,
@@ -203,8 +206,9 @@ static const struct ib_device_ops pcientb_ib_ops = {
 
 /*
  * The function's device serial number (an EUI-64: a PEX switch has one, shared by its NT
- * ports) with the NTB port number in its low bits: unique across hosts. Without one:
- * PLX's OUI (00:10:b5), then the PCI domain, bus, function and port: unique in this host.
+ * functions) with the function and NTB port numbers in its low bits: unique across hosts.
+ * Without one: PLX's OUI (00:10:b5), then the PCI domain, bus, function and port: unique in
+ * this host.
  */
 static __be64 node_guid(struct ntb_dev *ntb)
 {
@@ -213,7 +217,7 @@ static __be64 node_guid(struct ntb_dev *ntb)
 	u64 dsn = pci_get_dsn(pdev);
 
 	if (dsn)
-		return cpu_to_be64(dsn ^ port);
+		return cpu_to_be64(dsn ^ ((u64)pdev->devfn << 8 | port));
 	return cpu_to_be64(0x0010b5ULL << 40 | (u64)(pci_domain_nr(pdev->bus) & 0xffff) << 24 |
 			   (u64)pdev->bus->number << 16 | (u64)pdev->devfn << 8 | port);
 }

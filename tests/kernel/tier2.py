@@ -45,6 +45,7 @@ case "$(cat /proc/cmdline)" in
     i=0
     while [ ! -e /dev/pcientb-ready ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
     [ $i -lt 300 ] || say "verbs: FAIL the event watcher did not start within 30 s"
+    say "sink open"
     show "$d/sink"; say "sink ended" ;;
 esac
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
@@ -130,7 +131,10 @@ def run_guests(w, guests):
                                    "pcientb_role=source", hostroot=True))
     guests.append(b)
 
+    # B streams once A's window is open: the kill waits for both (A starts a program first).
     streaming = b.wait_line(lambda l: l == "streaming", 120)
+    if streaming is not None and a.wait_line(lambda l: l == "sink open", 60) is None:
+        streaming = None
     killed = None
     if streaming is not None:
         time.sleep(KILL_AFTER_S)

@@ -32,28 +32,45 @@ static void fail(const char *dev, const char *what, int err) {
   failures++;
 }
 
-// The half of the LID space a LID is in (its port's), -1 for none.
+// The half of the LID space a LID is in (its port's: 1-511 or 513-1023), -1 for none.
 static int lid_half(uint16_t lid) {
-  return lid && lid % 512 ? lid / 512 : -1;
+  return lid && lid % 512 && lid < 1024 ? lid / 512 : -1;
 }
 
-// The LID of another context of the same device, which is open meanwhile.
-static void check_second_context(struct ibv_device *d, uint16_t lid) {
-  const char *name = ibv_get_device_name(d);
+// The LID of a new context of the device (0 if none).
+static uint16_t context_lid(struct ibv_device *d) {
   struct ibv_context *ctx = ibv_open_device(d);
   struct ibv_port_attr port;
+  uint16_t lid = 0;
 
   if (!ctx) {
-    fail(name, "a second ibv_open_device", errno);
-    return;
+    fail(ibv_get_device_name(d), "another ibv_open_device", errno);
+    return 0;
   }
   if (ibv_query_port(ctx, 1, &port))
-    fail(name, "ibv_query_port of a second context", errno);
-  else if (port.lid == lid || lid_half(port.lid) != lid_half(lid))
-    printf("FAIL %s: two contexts have LIDs %u and %u (distinct, same half expected)\n", name, lid,
-           port.lid),
-        failures++;
+    fail(ibv_get_device_name(d), "ibv_query_port of another context", errno);
+  else
+    lid = port.lid;
   ibv_close_device(ctx);
+  return lid;
+}
+
+// Another context of the device, open meanwhile, is another node of the same half; its LID
+// is free again once it closed (the kernel hands out the lowest free one).
+static void check_second_context(struct ibv_device *d, uint16_t lid) {
+  const char *name = ibv_get_device_name(d);
+  const uint16_t second = context_lid(d);
+  if (second == lid || lid_half(second) != lid_half(lid)) {
+    printf("FAIL %s: two contexts have LIDs %u and %u (distinct, same half expected)\n", name, lid,
+           second);
+    failures++;
+  }
+  const uint16_t third = context_lid(d);
+  if (second && third != second) {
+    printf("FAIL %s: a context closed with LID %u, the next one got %u (a LID not freed?)\n", name,
+           second, third);
+    failures++;
+  }
 }
 
 static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
