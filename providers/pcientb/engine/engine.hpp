@@ -62,7 +62,6 @@ class Node {
 
   fabric::Fabric &fab() { return *fab_; }
   AreaRoot *root() { return root_; }
-  fabric::Peer &self() { return *self_; }
 
   // Peer-visible memory in this node's area, zeroed; 0 when there is none.
   Off alloc(size_t bytes);
