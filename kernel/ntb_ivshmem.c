@@ -474,6 +474,10 @@ static int ivs_probe_port(struct pci_dev *pdev)
 	p->ntb.topo = p->id ? NTB_TOPO_B2B_DSD : NTB_TOPO_B2B_USD;
 	p->ntb.ops = &ivs_ops;
 	pci_set_drvdata(pdev, p);
+	/* The verbs device maps memory regions for this function (no bounce buffers). */
+	rc = dma_set_mask_and_coherent(&pdev->dev, DMA_BIT_MASK(64));
+	if (rc)
+		return rc;
 	/* MSI-X messages are DMA writes: without bus mastering QEMU drops them. */
 	pci_set_master(pdev);
 	rc = pci_alloc_irq_vectors(pdev, IVS_VECTORS, IVS_VECTORS, PCI_IRQ_MSIX);

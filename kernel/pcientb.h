@@ -6,8 +6,9 @@
  * ntb_ivshmem.c, an NTB hardware driver over QEMU's ivshmem (how the module runs in test
  * guests); ntb_plx.c, the NTB hardware driver of the PEX8749's NT port, whose register
  * sequences are plx_nt.c; dma_plx.c, the PEX87xx DMA engine as a dmaengine provider, its
- * ring plx_dma.c; pcientb_ib.c, the verbs device of each port (uapi/pcientb-abi.h is what
- * it shares with the provider); pcientb_main.c, the module and its NTB client.
+ * ring plx_dma.c; pcientb_ib.c, the verbs device of each port, pcientb_mem.c its memory
+ * regions (pcientb_ib.h what they share; uapi/pcientb-abi.h is what the device shares with
+ * the provider); pcientb_main.c, the module and its NTB client.
  */
 #ifndef PCIENTB_KERNEL_PCIENTB_H
 #define PCIENTB_KERNEL_PCIENTB_H

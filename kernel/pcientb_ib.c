@@ -5,31 +5,19 @@
  * to libpcientb-rdmav34.so.
  *
  * What it serves today: device and port queries, user contexts (each a node of the fabric
- * with a LID of its own) and protection domains; the port is ACTIVE while the NTB link is up, and
- * each change of the link is an async event (IB_EVENT_PORT_ACTIVE / IB_EVENT_PORT_ERR). It reports
- * no queue pairs, completion queues or memory regions (max_qp = max_cq = max_mr = 0): the
- * provider's engine reaches them through the kernel fabric backend, which is not built yet
- * (docs/kernel.md).
+ * with a LID of its own), protection domains and memory regions (pcientb_mem.c); the port is
+ * ACTIVE while the NTB link is up, and each change of the link is an async event
+ * (IB_EVENT_PORT_ACTIVE / IB_EVENT_PORT_ERR). It reports no queue pairs or completion queues
+ * (max_qp = max_cq = 0): the provider's engine reaches them through the kernel fabric
+ * backend, which is not built yet (docs/kernel.md).
  */
-#include <linux/atomic.h>
-#include <linux/idr.h>
 #include <linux/ntb.h>
 #include <linux/random.h>
 #include <linux/pci.h>
-#include <rdma/ib_verbs.h>
 
 #include "pcientb.h"
+#include "pcientb_ib.h"
 #include "pcientb-abi.h"
-
-#define PCIENTB_MAX_PD (1 << 20)
-
-struct pcientb_ib {
-	struct ib_device ibdev;
-	struct ntb_dev *ntb;
-	atomic_t pds;
-	struct ida lids; /* of its contexts */
-	bool active; /* what the last event said; under the NTB's ctx_lock (link events) */
-};
 
 struct pcientb_ucontext {
 	struct ib_ucontext ibuc;
@@ -39,11 +27,6 @@ struct pcientb_ucontext {
 struct pcientb_pd {
 	struct ib_pd ibpd;
 };
-
-static struct pcientb_ib *to_dev(struct ib_device *ibdev)
-{
-	return container_of(ibdev, struct pcientb_ib, ibdev);
-}
 
 static bool port_active(struct pcientb_ib *dev)
 {
@@ -64,6 +47,8 @@ static int pcientb_query_device(struct ib_device *ibdev, struct ib_device_attr *
 	attr->hw_ver = pdev->revision;
 	attr->page_size_cap = PAGE_SIZE;
 	attr->max_pd = PCIENTB_MAX_PD;
+	attr->max_mr = PCIENTB_MAX_MR - 1; /* index 0 is no region's */
+	attr->max_mr_size = PCIENTB_MAX_MR_SIZE;
 	attr->max_pkeys = 1;
 	attr->device_cap_flags = IB_DEVICE_PORT_ACTIVE_EVENT;
 	return 0;
@@ -193,12 +178,14 @@ static const struct ib_device_ops pcientb_ib_ops = {
 	.alloc_ucontext = pcientb_alloc_ucontext,
 	.dealloc_pd = pcientb_dealloc_pd,
 	.dealloc_ucontext = pcientb_dealloc_ucontext,
+	.dereg_mr = pcientb_dereg_mr,
 	.disassociate_ucontext = pcientb_disassociate_ucontext,
 	.get_port_immutable = pcientb_get_port_immutable,
 	.query_device = pcientb_query_device,
 	.query_gid = pcientb_query_gid,
 	.query_pkey = pcientb_query_pkey,
 	.query_port = pcientb_query_port,
+	.reg_user_mr = pcientb_reg_user_mr,
 
 	INIT_RDMA_OBJ_SIZE(ib_pd, pcientb_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, pcientb_ucontext, ibuc),
@@ -232,6 +219,7 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 		return ERR_PTR(-ENOMEM);
 	dev->ntb = ntb;
 	ida_init(&dev->lids);
+	pcientb_mem_init(dev);
 	dev->ibdev.node_type = RDMA_NODE_IB_CA;
 	dev->ibdev.phys_port_cnt = 1;
 	dev->ibdev.num_comp_vectors = 1;
@@ -240,9 +228,10 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	strscpy(dev->ibdev.node_desc, "pcientb", sizeof(dev->ibdev.node_desc));
 	dev->active = port_active(dev);
 	ib_set_device_ops(&dev->ibdev, &pcientb_ib_ops);
-	/* NULL: no DMA mapping through the ib_device (no MRs yet; the DMA engine maps its own). */
-	rc = ib_register_device(&dev->ibdev, "pcientb%d", NULL);
+	/* Regions are mapped for the NT function: the peer's accesses come with its ID. */
+	rc = ib_register_device(&dev->ibdev, "pcientb%d", &ntb->pdev->dev);
 	if (rc) {
+		pcientb_mem_destroy(dev);
 		ida_destroy(&dev->lids);
 		ib_dealloc_device(&dev->ibdev);
 		return ERR_PTR(rc);
@@ -279,6 +268,7 @@ void pcientb_ib_link_event(struct pcientb_ib *dev)
 void pcientb_ib_remove(struct pcientb_ib *dev)
 {
 	ib_unregister_device(&dev->ibdev);
+	pcientb_mem_destroy(dev);
 	ida_destroy(&dev->lids);
 	ib_dealloc_device(&dev->ibdev);
 }

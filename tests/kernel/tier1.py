@@ -11,12 +11,13 @@ NT window whose inbound translation covers all memory), and the host's root over
 (link, scratchpads both ways, a doorbell, 64 KiB written through the window and read in
 the peer's memory), then, in a chroot of the host's root with the provider PROVIDER_SO,
 VERBS_CHECK (verbs_check.c) over both verbs devices (each opened by the provider, queried,
-a PD, a CQ refused) and `ibv_devinfo -v`. It takes port 1's device from the driver and gives it back (port 0's
+a PD, memory regions registered, pinned and unpinned, a CQ refused) and `ibv_devinfo -v`. It takes port 1's device from the driver and gives it back (port 0's
 link goes down, then up, with an event each time, and its selftest passes again), stops
 and restarts port 1's heartbeat (a peer that died without a word: down, then up); a
 program holding port 0's verbs device meanwhile receives PORT_ERR, PORT_ACTIVE, PORT_ERR,
 PORT_ACTIVE, and one holding port 1's gets DEVICE_FATAL when it goes (the unbind does not
-wait for it; PORT_ERR may come first). Both verbs devices are checked again, then the
+wait for it; PORT_ERR may come first); each program's registered region is unpinned when its
+device goes. Both verbs devices are checked again, then the
 module is unloaded while port 0's program still holds its device (it gets DEVICE_FATAL,
 rmmod does not wait), and the kernel's warnings, bugs, oopses and the module's errors
 printed from dmesg. Checks: every selftest and verbs check passes, the link states and
@@ -148,6 +149,10 @@ def check(lines):
         if got not in (["DEVICE_FATAL"], ["PORT_ERR", "DEVICE_FATAL"]):
             problems.append(f"{second}'s async events {got}: expected DEVICE_FATAL last, "
                             "after PORT_ERR at most")
+        # Each watcher's region was unpinned when its device went.
+        for dev in (first, second):
+            if f"events {dev} region unpinned" not in verbs:
+                problems.append(f"{dev}'s watcher did not see its region unpinned at DEVICE_FATAL")
     dmesg = [l for l in lines if l.startswith("dmesg:")]
     if dmesg:
         problems.append(f"{len(dmesg)} dmesg lines of warnings")

@@ -4,13 +4,15 @@
  *
  *   verbs_check devices N
  *       every pcientb device: opens it (the provider bound it), checks what device, port,
- *       GID and P_Key queries answer, allocates and frees a PD, and that a CQ is refused
- *       with EOPNOTSUPP (no data path yet); a second context of the device is another node
- *       (another LID, in the same port's half of the LID space); expects N devices with
- *       distinct GUIDs, whose ports' LIDs are in different halves.
+ *       GID and P_Key queries answer, allocates and frees a PD, registers memory regions
+ *       (pinned while registered, keys, rights, bad addresses: check_mrs), and that a CQ
+ *       is refused with EOPNOTSUPP (no data path yet); a second context of the device is
+ *       another node (another LID, in the same port's half of the LID space); expects N
+ *       devices with distinct GUIDs, whose ports' LIDs are in different halves.
  *   verbs_check events DEVICE N SECONDS READY_FILE
- *       opens DEVICE, creates READY_FILE, then prints the device's async events until N
- *       arrived, DEVICE_FATAL (the last there is) or SECONDS passed.
+ *       opens DEVICE, registers 64 KiB, creates READY_FILE, then prints the device's async
+ *       events until N arrived, DEVICE_FATAL (the last there is) or SECONDS passed; after
+ *       DEVICE_FATAL the region is unpinned and its deregistration succeeds.
  *
  * Prints one line per finding ("FAIL ..." for a failed check); exit 0 when all passed.
  */
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +33,131 @@ static int failures;
 static void fail(const char *dev, const char *what, int err) {
   printf("FAIL %s: %s%s%s\n", dev, what, err ? ": " : "", err ? strerror(err) : "");
   failures++;
+}
+
+// This process's pinned memory in KiB (what registrations pin), -1 if unknown.
+static long pinned_kib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmPin: %ld kB", &kib) == 1) break;
+  if (f) fclose(f);
+  return kib;
+}
+
+// The pages pinned must be `want` KiB more than `base`.
+static void check_pinned(const char *dev, const char *when, long base, long want) {
+  const long now_kib = pinned_kib();
+  if (now_kib - base != want) {
+    printf("FAIL %s: %s: %ld KiB pinned, expected %ld\n", dev, when, now_kib - base, want);
+    failures++;
+  }
+}
+
+// A registration that must fail with `want`.
+static void check_refused(struct ibv_pd *pd, void *addr, size_t len, int access, int want,
+                          const char *what) {
+  struct ibv_mr *mr;
+
+  errno = 0;
+  mr = ibv_reg_mr(pd, addr, len, access);
+  if (mr) {
+    printf("FAIL %s: %s was registered\n", ibv_get_device_name(pd->context->device), what);
+    failures++;
+    ibv_dereg_mr(mr);
+  } else if (errno != want) {
+    printf("FAIL %s: %s: %s, expected %s\n", ibv_get_device_name(pd->context->device), what,
+           strerror(errno), strerror(want));
+    failures++;
+  }
+}
+
+#define ALL_RIGHTS                                                             \
+  (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
+   IBV_ACCESS_REMOTE_ATOMIC)
+
+// Memory regions: a registration pins its pages until it is deregistered (or its context
+// closes), its lkey = rkey is a key of its own (one kept after deregistration names no
+// later region), read-only memory registers for remote reads, and what cannot be
+// registered is refused with the errno a user expects.
+static void check_mrs(struct ibv_device *d, struct ibv_pd *pd) {
+  const char *name = ibv_get_device_name(d);
+  const size_t len = 1 << 20;
+  const long base = pinned_kib();
+  char *buf = malloc(len);
+  struct ibv_mr *a, *b, *c;
+
+  if (!buf || base < 0) {
+    fail(name, "no buffer or no VmPin in /proc/self/status", errno);
+    free(buf);
+    return;
+  }
+  memset(buf, 1, len);
+  a = ibv_reg_mr(pd, buf, len, ALL_RIGHTS);
+  if (!a) {
+    fail(name, "ibv_reg_mr of 1 MiB", errno);
+    free(buf);
+    return;
+  }
+  if (a->lkey != a->rkey || a->lkey < 256 || a->addr != buf || a->length != len) {
+    printf("FAIL %s: region lkey %#x rkey %#x addr %p length %zu\n", name, a->lkey, a->rkey,
+           a->addr, a->length);
+    failures++;
+  }
+  /* The buffer's pages, whole: malloc's 1 MiB need not start on a page. */
+  const long pages_kib =
+      (long)((((uintptr_t)buf + len + 4095) & ~4095UL) - ((uintptr_t)buf & ~4095UL)) / 1024;
+  check_pinned(name, "1 MiB registered", base, pages_kib);
+  b = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
+  if (!b)
+    fail(name, "a second ibv_reg_mr of the same buffer", errno);
+  else if (b->lkey == a->lkey)
+    fail(name, "two regions have the same key", 0);
+  errno = 0;
+  if (ibv_dealloc_pd(pd) != EBUSY) fail(name, "a PD with regions was freed (EBUSY expected)", 0);
+  const uint32_t old_a = a->lkey, old_b = b ? b->lkey : 0;
+  if (ibv_dereg_mr(a)) fail(name, "ibv_dereg_mr", errno);
+  if (b && ibv_dereg_mr(b)) fail(name, "ibv_dereg_mr of the second", errno);
+  check_pinned(name, "both regions deregistered", base, 0);
+  c = ibv_reg_mr(pd, buf, len, IBV_ACCESS_REMOTE_READ);
+  if (!c)
+    fail(name, "ibv_reg_mr after deregistration", errno);
+  else if (c->lkey == old_a || c->lkey == old_b)
+    fail(name, "a new region took a key that was deregistered", 0);
+  if (c) ibv_dereg_mr(c);
+
+  /* Read-only memory registers for local reads and remote reads, not for writes. */
+  char *ro = mmap(NULL, 65536, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (ro == MAP_FAILED) {
+    fail(name, "mmap", errno);
+  } else {
+    c = ibv_reg_mr(pd, ro, 65536, IBV_ACCESS_REMOTE_READ);
+    if (!c)
+      fail(name, "ibv_reg_mr of read-only memory for remote reads", errno);
+    else
+      ibv_dereg_mr(c);
+    check_refused(pd, ro, 65536, IBV_ACCESS_LOCAL_WRITE, EFAULT,
+                  "read-only memory for local writes");
+    munmap(ro, 65536);
+    check_refused(pd, ro, 65536, IBV_ACCESS_REMOTE_READ, EFAULT, "unmapped memory");
+  }
+  check_refused(pd, buf, len, IBV_ACCESS_REMOTE_WRITE, EINVAL, "remote write without local write");
+  check_refused(pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, EOPNOTSUPP,
+                "a region for memory windows");
+  check_pinned(name, "after the refused registrations", base, 0);
+
+  /* A context that closes with regions registered unpins them. */
+  struct ibv_context *ctx = ibv_open_device(d);
+  struct ibv_pd *pd2 = ctx ? ibv_alloc_pd(ctx) : NULL;
+  if (!pd2 || !ibv_reg_mr(pd2, buf, len, IBV_ACCESS_LOCAL_WRITE))
+    fail(name, "a region of another context", errno);
+  else
+    check_pinned(name, "another context's region", base, pages_kib);
+  if (ctx) ibv_close_device(ctx);
+  check_pinned(name, "a context closed with a region", base, 0);
+  free(buf);
 }
 
 // The half of the LID space a LID is in (its port's: 1-511 or 513-1023), -1 for none.
@@ -92,12 +220,12 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   if (rc)
     fail(name, "ibv_query_device", rc);
   else if (!attr.vendor_id || attr.phys_port_cnt != 1 || attr.max_pd <= 0 || attr.max_qp != 0 ||
-           !attr.node_guid) {
+           attr.max_mr <= 0 || attr.max_mr_size < (1ULL << 32) || !attr.node_guid) {
     printf(
-        "FAIL %s: device attributes: vendor %#x, %u ports, max_pd %d, max_qp %d, "
-        "GUID %#llx\n",
-        name, attr.vendor_id, attr.phys_port_cnt, attr.max_pd, attr.max_qp,
-        (unsigned long long)be64toh(attr.node_guid));
+        "FAIL %s: device attributes: vendor %#x, %u ports, max_pd %d, max_qp %d, max_mr %d, "
+        "max_mr_size %#llx, GUID %#llx\n",
+        name, attr.vendor_id, attr.phys_port_cnt, attr.max_pd, attr.max_qp, attr.max_mr,
+        (unsigned long long)attr.max_mr_size, (unsigned long long)be64toh(attr.node_guid));
     failures++;
   }
   *guid = attr.node_guid;
@@ -121,10 +249,12 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   rc = ibv_query_pkey(ctx, 1, 0, &pkey);
   if (rc || be16toh(pkey) != 0xffff) fail(name, "P_Key 0 is not 0xffff", rc ? errno : 0);
   pd = ibv_alloc_pd(ctx);
-  if (!pd)
+  if (!pd) {
     fail(name, "ibv_alloc_pd", errno);
-  else if ((rc = ibv_dealloc_pd(pd)))
-    fail(name, "ibv_dealloc_pd", rc);
+  } else {
+    check_mrs(d, pd);
+    if ((rc = ibv_dealloc_pd(pd))) fail(name, "ibv_dealloc_pd", rc);
+  }
   errno = 0;
   cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
   if (cq) {
@@ -136,7 +266,7 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   rc = ibv_close_device(ctx);
   if (rc) fail(name, "ibv_close_device", errno);
   if (failures == before)
-    printf("device %s ok guid %016llx lid %u port ACTIVE pd ok cq EOPNOTSUPP\n", name,
+    printf("device %s ok guid %016llx lid %u port ACTIVE pd ok mr ok cq EOPNOTSUPP\n", name,
            (unsigned long long)be64toh(attr.node_guid), lid);
   return failures == before ? 0 : -1;
 }
@@ -193,8 +323,12 @@ static double now(void) {
 static int events(const char *name, int want, double seconds, const char *ready) {
   struct ibv_device **list = ibv_get_device_list(NULL);
   struct ibv_context *ctx = NULL;
-  int i, got = 0, fd;
+  int i, got = 0, fd, fatal = 0;
   double end;
+  static char region[65536];
+  struct ibv_pd *pd;
+  struct ibv_mr *mr = NULL;
+  long base;
 
   for (i = 0; list && list[i]; i++)
     if (strcmp(ibv_get_device_name(list[i]), name) == 0) ctx = ibv_open_device(list[i]);
@@ -203,6 +337,10 @@ static int events(const char *name, int want, double seconds, const char *ready)
     fail(name, "cannot open", errno);
     return 1;
   }
+  base = pinned_kib();
+  pd = ibv_alloc_pd(ctx);
+  if (pd) mr = ibv_reg_mr(pd, region, sizeof region, IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) fail(name, "a PD and a region of 64 KiB", errno);
   fd = open(ready, O_CREAT | O_WRONLY, 0644);
   if (fd >= 0) close(fd);
   end = now() + seconds;
@@ -215,11 +353,23 @@ static int events(const char *name, int want, double seconds, const char *ready)
     printf("event %s %s\n", name, event_name(e.event_type));
     ibv_ack_async_event(&e);
     got++;
-    if (e.event_type == IBV_EVENT_DEVICE_FATAL) break;
+    if (e.event_type == IBV_EVENT_DEVICE_FATAL) {
+      fatal = 1;
+      break;
+    }
   }
   printf("events %s %d\n", name, got);
+  /*
+   * The device went (DEVICE_FATAL): the kernel unpins the region as it disassociates the
+   * context (shortly after the event), and deregistering what it freed succeeds.
+   */
+  for (i = 0; fatal && mr && pinned_kib() != base && i < 50; i++) usleep(100 * 1000);
+  if (mr && fatal) check_pinned(name, "regions after DEVICE_FATAL", base, 0);
+  if (mr && ibv_dereg_mr(mr)) fail(name, "ibv_dereg_mr", errno);
+  if (pd && ibv_dealloc_pd(pd)) fail(name, "ibv_dealloc_pd", errno);
+  if (mr && fatal) printf("events %s region unpinned\n", name);
   ibv_close_device(ctx);
-  return 0;
+  return failures ? 1 : 0;
 }
 
 int main(int argc, char **argv) {

@@ -1,7 +1,7 @@
-// A pcientb device of the kernel (pcientb.ko): its contexts, queries and PDs are
-// the kernel's, reached by uverbs commands written to the context's cmd_fd (the
+// A pcientb device of the kernel (pcientb.ko): its contexts, queries, PDs and MRs
+// are the kernel's, reached by uverbs commands written to the context's cmd_fd (the
 // legacy write() ABI, which needs none of libibverbs' private command helpers).
-// The data path (QPs, CQs, MRs) waits for the engine's kernel fabric backend
+// The data path (QPs, CQs) waits for the engine's kernel fabric backend
 // (docs/kernel.md); until then those verbs fail with EOPNOTSUPP, libibverbs'
 // answer for an op the provider does not set.
 #include <rdma/ib_user_verbs.h>
@@ -47,6 +47,13 @@ int execute(int fd, uint32_t command, const Cmd &cmd, size_t resp_size) {
   const ssize_t n = write(fd, buf, sizeof buf);
   if (n == static_cast<ssize_t>(sizeof buf)) return 0;
   return n < 0 ? errno : EIO;
+}
+
+// A destroy command's error, as libibverbs' own commands read it: EIO means the
+// device was disassociated (DEVICE_FATAL) and the kernel has freed the object
+// already, so the caller's copy goes too.
+int destroy_error(int err) {
+  return err == EIO ? 0 : err;
 }
 
 uint64_t response_at(const void *resp) {
@@ -164,8 +171,48 @@ ibv_pd *alloc_pd(ibv_context *c) {
 int dealloc_pd(ibv_pd *pd) {
   ib_uverbs_dealloc_pd cmd{};
   cmd.pd_handle = pd->handle;
-  if (int err = execute(pd->context->cmd_fd, IB_USER_VERBS_CMD_DEALLOC_PD, cmd, 0)) return err;
+  if (int err = destroy_error(execute(pd->context->cmd_fd, IB_USER_VERBS_CMD_DEALLOC_PD, cmd, 0)))
+    return err;
   free(pd);
+  return 0;
+}
+
+// The kernel pins the pages and keys the region; libibverbs fills in context, PD,
+// address and length once this returns.
+ibv_mr *reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access) {
+  auto *vmr = static_cast<verbs_mr *>(calloc(1, sizeof(verbs_mr)));
+  if (!vmr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ib_uverbs_reg_mr_resp r{};
+  ib_uverbs_reg_mr cmd{};
+  cmd.response = response_at(&r);
+  cmd.start = reinterpret_cast<uintptr_t>(addr);
+  cmd.length = length;
+  cmd.hca_va = hca_va;
+  cmd.pd_handle = pd->handle;
+  cmd.access_flags = static_cast<uint32_t>(access);
+  if (int err = execute(pd->context->cmd_fd, IB_USER_VERBS_CMD_REG_MR, cmd, sizeof r)) {
+    free(vmr);
+    errno = err;
+    return nullptr;
+  }
+  vmr->ibv_mr.handle = r.mr_handle;
+  vmr->ibv_mr.lkey = r.lkey;
+  vmr->ibv_mr.rkey = r.rkey;
+  vmr->mr_type = IBV_MR_TYPE_MR;
+  vmr->access = access;
+  return &vmr->ibv_mr;
+}
+
+int dereg_mr(verbs_mr *vmr) {
+  ib_uverbs_dereg_mr cmd{};
+  cmd.mr_handle = vmr->ibv_mr.handle;
+  if (int err =
+          destroy_error(execute(vmr->ibv_mr.context->cmd_fd, IB_USER_VERBS_CMD_DEREG_MR, cmd, 0)))
+    return err;
+  free(vmr);
   return 0;
 }
 
@@ -179,9 +226,11 @@ const verbs_context_ops kKernelOps = [] {
   verbs_context_ops o{};
   o.alloc_pd = alloc_pd;
   o.dealloc_pd = dealloc_pd;
+  o.dereg_mr = dereg_mr;
   o.free_context = free_context;
   o.query_device_ex = query_device_ex;
   o.query_port = query_port;
+  o.reg_mr = reg_mr;
   return o;
 }();
 

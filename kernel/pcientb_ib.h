@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The verbs device's objects, shared by its files: pcientb_ib.c (the device, its queries,
+ * contexts and PDs) and pcientb_mem.c (memory regions).
+ */
+#ifndef PCIENTB_KERNEL_PCIENTB_IB_H
+#define PCIENTB_KERNEL_PCIENTB_IB_H
+
+#include <linux/atomic.h>
+#include <linux/idr.h>
+#include <linux/xarray.h>
+#include <rdma/ib_verbs.h>
+
+#define PCIENTB_MAX_PD (1 << 20)
+/* MR keys are index << 8 | a byte that changes with each registration of the index. */
+#define PCIENTB_MAX_MR (1 << 16)
+#define PCIENTB_MAX_MR_SIZE (1ULL << 40)
+
+struct ntb_dev;
+
+struct pcientb_ib {
+	struct ib_device ibdev;
+	struct ntb_dev *ntb;
+	atomic_t pds;
+	struct ida lids; /* of its contexts */
+	struct xarray mrs; /* key index -> struct pcientb_mr */
+	u32 next_mr; /* xa_alloc_cyclic's cursor */
+	atomic_t mr_key; /* its low byte: the key byte of the last registration */
+	bool active; /* what the last event said; under the NTB's ctx_lock (link events) */
+};
+
+static inline struct pcientb_ib *to_dev(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct pcientb_ib, ibdev);
+}
+
+struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,
+				  struct ib_udata *udata);
+int pcientb_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+void pcientb_mem_init(struct pcientb_ib *dev);
+void pcientb_mem_destroy(struct pcientb_ib *dev);
+
+#endif
