@@ -12,6 +12,8 @@
  *   masks the doorbells it reports; the client clears and unmasks them.
  * - Link changes: DL_Down comes as a link error (the link side is set up again there);
  *   a link that comes up is found by polling the link status every PLX_LINK_POLL_MS.
+ * - Port numbers: the two sides agree on 0 and 1 once the link is up (plx_nt_order);
+ *   until then port_number answers -EAGAIN.
  */
 #include <linux/module.h>
 #include <linux/pci.h>
@@ -19,6 +21,7 @@
 #include <linux/workqueue.h>
 #include <linux/dma-mapping.h>
 #include <linux/ntb.h>
+#include <linux/random.h>
 
 #include "pcientb.h"
 #include "plx_nt.h"
@@ -29,10 +32,12 @@
 struct plx_port {
 	struct ntb_dev ntb;
 	struct plx_nt nt;
-	spinlock_t lock; /* window registers: ops against re-initialisation in the handler */
+	spinlock_t lock; /* window registers and the order word: against the handler's set-up */
 	struct delayed_work link_work;
 	bool link_was_up;
 	bool went_down; /* DL_Down seen by the handler, not reported yet */
+	int order; /* our NTB port number, 0 or 1; -EAGAIN until the sides agreed */
+	bool order_warned;
 };
 
 static struct plx_port *to_port(struct ntb_dev *ntb)
@@ -83,6 +88,32 @@ static int plx_link_disable(struct ntb_dev *ntb)
 	plx_nt_link_enable(&p->nt, false);
 	mod_delayed_work(system_wq, &p->link_work, 0);
 	return 0;
+}
+
+static int plx_port_number(struct ntb_dev *ntb)
+{
+	return READ_ONCE(to_port(ntb)->order);
+}
+
+static int plx_peer_port_count(struct ntb_dev *ntb)
+{
+	return 1;
+}
+
+static int plx_peer_port_number(struct ntb_dev *ntb, int pidx)
+{
+	int order = READ_ONCE(to_port(ntb)->order);
+
+	if (pidx)
+		return -EINVAL;
+	return order < 0 ? order : !order;
+}
+
+static int plx_peer_port_idx(struct ntb_dev *ntb, int port)
+{
+	int order = READ_ONCE(to_port(ntb)->order);
+
+	return order >= 0 && port == !order ? 0 : -EINVAL;
 }
 
 static int plx_mw_count(struct ntb_dev *ntb, int pidx)
@@ -203,7 +234,7 @@ static int plx_peer_db_set(struct ntb_dev *ntb, u64 db_bits)
 
 static int plx_spad_count(struct ntb_dev *ntb)
 {
-	return PLX_SPADS;
+	return PLX_CLIENT_SPADS;
 }
 
 static u32 plx_spad_read(struct ntb_dev *ntb, int sidx)
@@ -237,6 +268,10 @@ static const struct ntb_dev_ops plx_ops = {
 	.link_is_up = plx_link_is_up,
 	.link_enable = plx_link_enable,
 	.link_disable = plx_link_disable,
+	.port_number = plx_port_number,
+	.peer_port_count = plx_peer_port_count,
+	.peer_port_number = plx_peer_port_number,
+	.peer_port_idx = plx_peer_port_idx,
 	.mw_count = plx_mw_count,
 	.mw_get_align = plx_mw_get_align,
 	.mw_set_trans = plx_mw_set_trans,
@@ -283,6 +318,32 @@ static irqreturn_t plx_irq(int irq, void *data)
 	return db || err ? IRQ_HANDLED : IRQ_NONE;
 }
 
+/* Agrees on the port numbers with the peer, once: before clients hear of the link. */
+static void plx_order(struct plx_port *p)
+{
+	unsigned long flags;
+	int rc;
+
+	/* The handler's set-up after DL_Down writes our order word too. */
+	spin_lock_irqsave(&p->lock, flags);
+	rc = plx_nt_order(&p->nt);
+	spin_unlock_irqrestore(&p->lock, flags);
+
+	if (rc >= 0 && p->order < 0) {
+		WRITE_ONCE(p->order, rc);
+		dev_info(&p->ntb.pdev->dev, "NTB port %d of the pair (serial number %016llx)\n", rc,
+			 (unsigned long long)p->nt.dsn);
+	} else if (rc == -ENOTUNIQ) {
+		spin_lock_irqsave(&p->lock, flags);
+		plx_nt_order_init(&p->nt, get_random_u32()); /* the peer drew the same tag */
+		spin_unlock_irqrestore(&p->lock, flags);
+	} else if (rc == -EBUSY && !p->order_warned) {
+		p->order_warned = true;
+		dev_err(&p->ntb.pdev->dev,
+			"peer holds NTB port %d too: reload pcientb on one side\n", p->order);
+	}
+}
+
 /* Reports each change of the link (up comes only from here). */
 static void plx_link_work(struct work_struct *work)
 {
@@ -296,6 +357,8 @@ static void plx_link_work(struct work_struct *work)
 		ntb_link_event(&p->ntb);
 	}
 	up = plx_link_hw_up(p, &sta);
+	if (up)
+		plx_order(p);
 	if (up != p->link_was_up) {
 		WRITE_ONCE(p->link_was_up, up);
 		ntb_link_event(&p->ntb);
@@ -379,6 +442,8 @@ static int plx_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	rc = plx_nt_start(&p->nt, b2b);
 	if (rc)
 		return rc;
+	p->order = -EAGAIN;
+	plx_nt_order_init(&p->nt, get_random_u32());
 	p->ntb.pdev = pdev;
 	p->ntb.topo = NTB_TOPO_CROSSLINK; /* two chips, symmetric */
 	p->ntb.ops = &plx_ops;

@@ -108,15 +108,16 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
 	struct pcientb_ib *dev = to_dev(ibuc->device);
 	/*
-	 * Two ports of a bridge have different numbers: their halves differ. (Not yet on a
-	 * PEX8749 back to back: ntb_plx.c has no port numbers, both sides are port 0.)
+	 * The two ports of a bridge have different numbers, so their halves differ. A PEX8749
+	 * pair agrees on them once its link is up (ntb_plx.c); before, no LID can be given.
 	 */
-	u32 base = (ntb_port_number(dev->ntb) & 1) * PCIENTB_LIDS_PER_PORT;
+	int port = ntb_port_number(dev->ntb), peer = ntb_peer_port_number(dev->ntb, 0);
+	u32 base = (port & 1) * PCIENTB_LIDS_PER_PORT;
 	struct pcientb_ucontext_resp resp = {
 		.magic = PCIENTB_UCONTEXT_MAGIC,
 		.abi_version = PCIENTB_UVERBS_ABI_VERSION,
-		.port = ntb_port_number(dev->ntb),
-		.peer_port = ntb_peer_port_number(dev->ntb, 0),
+		.port = port,
+		.peer_port = peer,
 		.nonce = get_random_u64(),
 	};
 	int lid, rc;
@@ -124,6 +125,8 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 	/* A provider of another ABI asks for less: it is refused, not half answered. */
 	if (udata->outlen < sizeof(resp))
 		return -EINVAL;
+	if (port < 0 || peer < 0)
+		return -EAGAIN;
 	lid = ida_alloc_range(&dev->lids, base + 1, base + PCIENTB_LIDS_PER_PORT - 1, GFP_KERNEL);
 	if (lid < 0)
 		return lid == -ENOSPC ? -EUSERS : lid;
@@ -200,7 +203,8 @@ static const struct ib_device_ops pcientb_ib_ops = {
 static __be64 node_guid(struct ntb_dev *ntb)
 {
 	struct pci_dev *pdev = ntb->pdev;
-	u64 port = ntb_port_number(ntb) & 0xff;
+	int number = ntb_port_number(ntb);
+	u64 port = number < 0 ? 0 : number & 0xff; /* a PEX pair's is not known yet */
 	u64 dsn = pci_get_dsn(pdev);
 
 	if (dsn)

@@ -92,6 +92,8 @@ static struct pcientb_port *peer_of(struct pcientb_port *port)
 	int want = ntb_peer_port_number(port->ntb, 0);
 	struct pcientb_port *p;
 
+	if (want < 0) /* not known yet (a PEX pair whose link never came up) */
+		return NULL;
 	list_for_each_entry(p, &ports, node)
 		if (p != port && ntb_port_number(p->ntb) == want)
 			return p;

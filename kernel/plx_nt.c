@@ -41,6 +41,25 @@ static void __iomem *peer_regs(const struct plx_nt *nt)
 	return nt->mw[nt->b2b_mw].virt;
 }
 
+/* The serial number in the NT function's configuration space at `base`, 0 if none. */
+static u64 dsn_at(void __iomem *base, u32 nt)
+{
+	u32 off = PLX_CFG_EXT_CAPS;
+	int n;
+
+	/* At most the 4 KiB space's worth of capabilities: a looping list ends too. */
+	for (n = 0; n < 1024 && off >= PLX_CFG_EXT_CAPS && !(off & 3); n++) {
+		u32 hdr = plx_rd(base, nt + off);
+
+		if (!hdr || hdr == 0xffffffff)
+			return 0;
+		if ((hdr & 0xffff) == PLX_EXT_CAP_DSN)
+			return plx_rd(base, nt + off + 4) | (u64)plx_rd(base, nt + off + 8) << 32;
+		off = hdr >> 20;
+	}
+	return 0;
+}
+
 static bool is_pow2(u64 v)
 {
 	return v && !(v & (v - 1));
@@ -62,6 +81,7 @@ int plx_nt_identify(struct plx_nt *nt, void __iomem *regs, u32 nt_id)
 		nt->alut = 1; /* both NTs: 128 entries each */
 	else
 		nt->alut = (alut & (1u << nt->ntx)) ? 2 : 0;
+	nt->dsn = dsn_at(regs, nt_base(nt));
 	return 0;
 }
 
@@ -187,6 +207,8 @@ void plx_nt_init(struct plx_nt *nt)
 	for (w = 0; w < nt->mw_count; w++)
 		mw_apply(nt, w);
 	wr_link(nt, PLX_IF_COMMAND, PLX_CMD_MEM | PLX_CMD_MASTER);
+	if (nt->order_word) /* kept across a reset of the chip's link side */
+		wr_virt(nt, PLX_IF_SPAD(PLX_ORDER_SPAD), nt->order_word);
 }
 
 int plx_nt_start(struct plx_nt *nt, void __iomem *b2b_virt)
@@ -349,9 +371,41 @@ void plx_nt_peer_db_set(struct plx_nt *nt, u64 bits)
 	plx_wr(peer_regs(nt), nt_base(nt) + PLX_IF_DB_SET, (u32)(bits & PLX_DB_MASK));
 }
 
+void plx_nt_order_init(struct plx_nt *nt, u32 tag)
+{
+	nt->order_word = tag << PLX_ORDER_TAG_SHIFT | PLX_ORDER_MAGIC;
+	wr_virt(nt, PLX_IF_SPAD(PLX_ORDER_SPAD), nt->order_word);
+}
+
+int plx_nt_order(struct plx_nt *nt)
+{
+	u32 peer = plx_rd(peer_regs(nt), nt_base(nt) + PLX_IF_SPAD(PLX_ORDER_SPAD));
+	u32 mine = nt->order_word & PLX_ORDER_PORT_MASK, theirs = peer & PLX_ORDER_PORT_MASK;
+	u32 tag = nt->order_word >> PLX_ORDER_TAG_SHIFT, peer_tag = peer >> PLX_ORDER_TAG_SHIFT;
+	u64 peer_dsn;
+	int port;
+
+	/* A link that is down reads as ones: no magic either. */
+	if (peer == 0xffffffff || (peer & PLX_ORDER_MAGIC_MASK) != PLX_ORDER_MAGIC || theirs > 2)
+		return -EAGAIN;
+	if (mine)
+		return mine == theirs ? -EBUSY : (int)mine - 1;
+	if (theirs) {
+		port = theirs == 1 ? 1 : 0;
+	} else {
+		peer_dsn = dsn_at(peer_regs(nt), nt_base(nt));
+		if (nt->dsn == peer_dsn && tag == peer_tag)
+			return -ENOTUNIQ;
+		port = nt->dsn != peer_dsn ? nt->dsn > peer_dsn : tag > peer_tag;
+	}
+	nt->order_word |= port + 1;
+	wr_virt(nt, PLX_IF_SPAD(PLX_ORDER_SPAD), nt->order_word);
+	return port;
+}
+
 int plx_nt_spad_read(struct plx_nt *nt, int idx, u32 *val)
 {
-	if (idx < 0 || idx >= PLX_SPADS)
+	if (idx < 0 || idx >= PLX_CLIENT_SPADS)
 		return -EINVAL;
 	*val = rd_virt(nt, PLX_IF_SPAD(idx));
 	return 0;
@@ -359,7 +413,7 @@ int plx_nt_spad_read(struct plx_nt *nt, int idx, u32 *val)
 
 int plx_nt_spad_write(struct plx_nt *nt, int idx, u32 val)
 {
-	if (idx < 0 || idx >= PLX_SPADS)
+	if (idx < 0 || idx >= PLX_CLIENT_SPADS)
 		return -EINVAL;
 	wr_virt(nt, PLX_IF_SPAD(idx), val);
 	return 0;
@@ -367,7 +421,7 @@ int plx_nt_spad_write(struct plx_nt *nt, int idx, u32 val)
 
 int plx_nt_peer_spad_read(struct plx_nt *nt, int idx, u32 *val)
 {
-	if (idx < 0 || idx >= PLX_SPADS)
+	if (idx < 0 || idx >= PLX_CLIENT_SPADS)
 		return -EINVAL;
 	*val = plx_rd(peer_regs(nt), nt_base(nt) + PLX_IF_SPAD(idx));
 	return 0;
@@ -375,7 +429,7 @@ int plx_nt_peer_spad_read(struct plx_nt *nt, int idx, u32 *val)
 
 int plx_nt_peer_spad_write(struct plx_nt *nt, int idx, u32 val)
 {
-	if (idx < 0 || idx >= PLX_SPADS)
+	if (idx < 0 || idx >= PLX_CLIENT_SPADS)
 		return -EINVAL;
 	plx_wr(peer_regs(nt), nt_base(nt) + PLX_IF_SPAD(idx), val);
 	return 0;

@@ -62,6 +62,9 @@ static inline void plx_delay_us(unsigned int us)
 #define PLX_VENDOR 0x10b5
 #define PLX_MAX_MWS 4 /* BAR2..5 */
 #define PLX_SPADS 8
+/* The last scratchpad holds the order word (below); clients get the others. */
+#define PLX_ORDER_SPAD (PLX_SPADS - 1)
+#define PLX_CLIENT_SPADS (PLX_SPADS - 1)
 #define PLX_DBS 16
 #define PLX_DB_MASK ((1ull << PLX_DBS) - 1)
 #define PLX_MIN_BAR (1ull << 20) /* link BARs: at least 1 MiB */
@@ -104,6 +107,19 @@ static inline void plx_delay_us(unsigned int us)
 #define PLX_LINK_ERR_ALL 0xf
 #define PLX_LINK_ERR_DL_DOWN 0x4 /* the link went down: the link interface was reset */
 
+/* The NT function's configuration space: extended capabilities, the serial number's. */
+#define PLX_CFG_EXT_CAPS 0x100
+#define PLX_EXT_CAP_DSN 0x0003
+
+/*
+ * The order word: a driver runs on this side (magic), its random tag, and the NTB port
+ * number it took (0 or 1) once decided, plus one; 0 while undecided.
+ */
+#define PLX_ORDER_MAGIC 0xa0u
+#define PLX_ORDER_MAGIC_MASK 0xf0u
+#define PLX_ORDER_PORT_MASK 0x3u
+#define PLX_ORDER_TAG_SHIFT 8
+
 #define PLX_CMD_MEM 0x2
 #define PLX_CMD_MASTER 0x4
 
@@ -130,6 +146,8 @@ struct plx_nt {
 	u64 b2b_off; /* where that window's memory part starts (0: none) */
 	u16 rids[PLX_MAX_RIDS]; /* more requesters let out (DMA functions): bus << 8 | dev << 3 */
 	int rid_count;
+	u64 dsn; /* the chip's serial number, 0 if it has none */
+	u32 order_word; /* ours, in PLX_ORDER_SPAD */
 };
 
 /* Set-up: identify, windows (in BAR order), then plx_nt_start. */
@@ -157,10 +175,26 @@ u64 plx_nt_db_read_mask(struct plx_nt *nt);
 void plx_nt_db_set_mask(struct plx_nt *nt, u64 bits);
 void plx_nt_db_clear_mask(struct plx_nt *nt, u64 bits);
 void plx_nt_peer_db_set(struct plx_nt *nt, u64 bits);
+/* Scratchpads 0..PLX_CLIENT_SPADS-1 (the order word's is the driver's). */
 int plx_nt_spad_read(struct plx_nt *nt, int idx, u32 *val);
 int plx_nt_spad_write(struct plx_nt *nt, int idx, u32 val);
 int plx_nt_peer_spad_read(struct plx_nt *nt, int idx, u32 *val);
 int plx_nt_peer_spad_write(struct plx_nt *nt, int idx, u32 val);
+
+/*
+ * The two sides' NTB port numbers, 0 and 1, which back-to-back chips do not give: each
+ * side's LIDs come from its number's half, so the two must differ. At start a side
+ * writes its order word (undecided, with a random tag: plx_nt_order_init); once the link
+ * is up plx_nt_order reads the peer's: a peer that has decided leaves the other number,
+ * else the side whose (serial number, tag) is lower takes 0; either way the number is
+ * written into our word, and kept while the driver runs (its contexts hold LIDs of that
+ * half), so a peer that reloads takes the other one. Returns the number, or -EAGAIN (no
+ * peer word: the link is down or no driver runs there), -ENOTUNIQ (same serial number
+ * and tag: the caller draws another tag), -EBUSY (both sides hold the same number: a
+ * peer that decided against another host; ours is kept).
+ */
+void plx_nt_order_init(struct plx_nt *nt, u32 tag);
+int plx_nt_order(struct plx_nt *nt);
 
 /* The link: enabled at the chip's port control; up when LNKSTA has a width (glue). */
 bool plx_nt_link_enabled(struct plx_nt *nt);

@@ -120,6 +120,97 @@ TEST_F(Pair, ScratchpadsBothWays) {
   EXPECT_EQ(v, 0u);
   EXPECT_EQ(plx_nt_spad_write(&a, 8, 1), -EINVAL);
   EXPECT_EQ(plx_nt_peer_spad_read(&a, -1, &v), -EINVAL);
+  // The last is the order word's: no client reaches it, on either side.
+  EXPECT_EQ(plx_nt_spad_write(&a, 7, 1), -EINVAL);
+  EXPECT_EQ(plx_nt_peer_spad_write(&a, 7, 1), -EINVAL);
+  EXPECT_EQ(plx_nt_spad_read(&b, 7, &v), -EINVAL);
+}
+
+// The port numbers of a pair, as ntb_plx.c agrees on them once the link is up.
+struct Order : Pair {
+  // Both drivers started (tags ta, tb); what each side decides, in this order.
+  std::pair<int, int> decide(uint32_t ta, uint32_t tb) {
+    plx_nt_order_init(&a, ta);
+    plx_nt_order_init(&b, tb);
+    const int pa = plx_nt_order(&a);
+    return {pa, plx_nt_order(&b)};
+  }
+  // A chip's order word (its last scratchpad), as the peer reads it.
+  static uint32_t &word(Chip &c) { return c.regs[(c.nt_base() + 0xc6c + 4 * 7) / 4]; }
+};
+
+TEST_F(Order, TheLowerSerialNumberIsPortZeroWhateverTheTags) {
+  f.a.set_dsn(0x0010b5ffff000002ull);
+  f.b.set_dsn(0x0010b5ffff000001ull);
+  SetUp();  // identify again: the serial number is read there
+  EXPECT_EQ(a.dsn, 0x0010b5ffff000002ull);
+  EXPECT_EQ(decide(1, 2), std::make_pair(1, 0));
+  // Decided: asked again, each keeps its number.
+  EXPECT_EQ(plx_nt_order(&a), 1);
+  EXPECT_EQ(plx_nt_order(&b), 0);
+}
+
+TEST_F(Order, WithoutSerialNumbersTheLowerTagIsPortZero) {
+  EXPECT_EQ(a.dsn, 0u);
+  EXPECT_EQ(decide(0x1234, 0x99), std::make_pair(1, 0));
+}
+
+TEST_F(Order, BothDecidingAtOnceAgree) {
+  plx_nt_order_init(&a, 5);
+  plx_nt_order_init(&b, 6);
+  const uint32_t undecided = word(f.a);
+  EXPECT_EQ(plx_nt_order(&a), 0);
+  word(f.a) = undecided;  // B read A's word before A wrote its decision
+  EXPECT_EQ(plx_nt_order(&b), 1);
+}
+
+TEST_F(Order, SameSerialNumberAndTagIsATieForTheCallerToRedraw) {
+  EXPECT_EQ(decide(7, 7), std::make_pair(-ENOTUNIQ, -ENOTUNIQ));
+  plx_nt_order_init(&b, 3);
+  EXPECT_EQ(plx_nt_order(&a), 1);
+  EXPECT_EQ(plx_nt_order(&b), 0);
+}
+
+TEST_F(Order, NothingIsDecidedWithoutThePeersWordOrLink) {
+  plx_nt_order_init(&a, 1);
+  EXPECT_EQ(plx_nt_order(&a), -EAGAIN);  // no driver on B yet
+  plx_nt_order_init(&b, 2);
+  f.set_cable(false);
+  EXPECT_EQ(plx_nt_order(&a), -EAGAIN);  // the link is down: reads return ones
+  f.set_cable(true);
+  plx_nt_link_errors(&a);  // DL_Down: both drivers set their chips up again
+  plx_nt_link_errors(&b);
+  EXPECT_EQ(plx_nt_order(&a), 0);
+}
+
+TEST_F(Order, APeerThatComesBackTakesTheOtherNumber) {
+  EXPECT_EQ(decide(1, 2), std::make_pair(0, 1));
+  // B's driver reloads with a tag that would have made it port 0: A keeps 0 (its contexts
+  // hold LIDs of that half), so B takes 1.
+  plx_nt_order_init(&b, 0);
+  EXPECT_EQ(plx_nt_order(&b), 1);
+  EXPECT_EQ(plx_nt_order(&a), 0);
+}
+
+TEST_F(Order, TheWordOutlivesTheChipsResetOfTheLinkSide) {
+  EXPECT_EQ(decide(1, 2), std::make_pair(0, 1));
+  f.set_cable(false);
+  word(f.b) = 0;  // were the pad cleared with the link
+  f.set_cable(true);
+  plx_nt_link_errors(&a);  // DL_Down: both drivers set their chips up again
+  plx_nt_link_errors(&b);
+  plx_nt_order_init(&a, 9);  // A reloads
+  EXPECT_EQ(plx_nt_order(&a), 0);
+  EXPECT_EQ(plx_nt_order(&b), 1);
+}
+
+TEST_F(Order, BothHoldingTheSameNumberIsAConflict) {
+  EXPECT_EQ(decide(1, 2), std::make_pair(0, 1));
+  // B paired with another host meanwhile and took 0 there.
+  b.order_word = (b.order_word & ~3u) | 1;
+  word(f.b) = b.order_word;
+  EXPECT_EQ(plx_nt_order(&a), -EBUSY);
+  EXPECT_EQ(plx_nt_order(&b), -EBUSY);
 }
 
 TEST_F(Pair, DoorbellRaisesThePeersInterruptOnlyWhenUnmasked) {
