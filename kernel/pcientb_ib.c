@@ -19,11 +19,6 @@
 #include "pcientb_ib.h"
 #include "pcientb-abi.h"
 
-struct pcientb_ucontext {
-	struct ib_ucontext ibuc;
-	u32 lid;
-};
-
 struct pcientb_pd {
 	struct ib_pd ibpd;
 };
@@ -229,6 +224,7 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	dev->ibdev.num_comp_vectors = 1;
 	dev->ibdev.node_guid = node_guid(ntb);
 	dev->ibdev.dev.parent = &ntb->pdev->dev;
+	dev->ibdev.driver_def = pcientb_mem_defs;
 	strscpy(dev->ibdev.node_desc, "pcientb", sizeof(dev->ibdev.node_desc));
 	dev->active = port_active(dev);
 	ib_set_device_ops(&dev->ibdev, &pcientb_ib_ops);

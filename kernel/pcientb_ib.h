@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * The verbs device's objects, shared by its files: pcientb_ib.c (the device, its queries,
- * contexts and PDs) and pcientb_mem.c (memory regions).
+ * contexts and PDs) and pcientb_mem.c (memory regions, and the moves into and out of them).
  */
 #ifndef PCIENTB_KERNEL_PCIENTB_IB_H
 #define PCIENTB_KERNEL_PCIENTB_IB_H
@@ -10,6 +10,7 @@
 #include <linux/idr.h>
 #include <linux/xarray.h>
 #include <rdma/ib_verbs.h>
+#include <rdma/uverbs_ioctl.h>
 
 #define PCIENTB_MAX_PD (1 << 20)
 /* MR keys are index << 8 | a byte that changes with each registration of the index. */
@@ -33,6 +34,14 @@ static inline struct pcientb_ib *to_dev(struct ib_device *ibdev)
 {
 	return container_of(ibdev, struct pcientb_ib, ibdev);
 }
+
+/* A context: a node of the fabric. */
+struct pcientb_ucontext {
+	struct ib_ucontext ibuc;
+	u32 lid;
+};
+
+extern const struct uapi_definition pcientb_mem_defs[];
 
 struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,
 				  struct ib_udata *udata);

@@ -36,4 +36,39 @@ struct pcientb_ucontext_resp {
 	__aligned_u64 nonce;
 };
 
+/*
+ * Driver methods (uverbs ioctl, on the device object: UVERBS_OBJECT_DEVICE), named in the
+ * driver's namespace.
+ */
+enum pcientb_methods {
+	/*
+	 * Moves bytes between the caller's memory and a window of a node of this host: the
+	 * memory region `window` (its key) of the context with LID `lid`, at `raddr` (an
+	 * address in the region, as registered). The kernel checks that the region is that
+	 * node's, the bounds, and the right (remote write to write, remote read to read):
+	 * ENOENT no such window at that node (or deregistered), ERANGE out of its bounds,
+	 * EACCES without the right, EFAULT the caller's memory, EINVAL a bad command.
+	 */
+	PCIENTB_METHOD_MOVE = 1U << 12, /* UVERBS_ID_NS_SHIFT: the driver's namespace */
+};
+
+enum pcientb_move_attrs {
+	PCIENTB_ATTR_MOVE_CMD = 1U << 12, /* struct pcientb_move, in */
+};
+
+enum pcientb_move_dir {
+	PCIENTB_MOVE_WRITE = 0, /* the caller's memory to the window */
+	PCIENTB_MOVE_READ = 1, /* the window to the caller's memory */
+};
+
+struct pcientb_move {
+	__u32 lid; /* the window's node */
+	__u32 window; /* its memory region's key */
+	__aligned_u64 raddr;
+	__aligned_u64 addr; /* the caller's memory */
+	__aligned_u64 length;
+	__u32 dir; /* enum pcientb_move_dir */
+	__u32 reserved; /* 0 */
+};
+
 #endif

@@ -5,7 +5,8 @@
  *   verbs_check devices N
  *       every pcientb device: opens it (the provider bound it), checks what device, port,
  *       GID and P_Key queries answer, allocates and frees a PD, registers memory regions
- *       (pinned while registered, keys, rights, bad addresses: check_mrs), and that a CQ
+ *       (pinned while registered, keys, rights, bad addresses: check_mrs), moves bytes
+ *       between two nodes' regions with pcientb.ko's move (check_moves), and that a CQ
  *       is refused with EOPNOTSUPP (no data path yet); a second context of the device is
  *       another node (another LID, in the same port's half of the LID space); expects N
  *       devices with distinct GUIDs, whose ports' LIDs are in different halves.
@@ -21,12 +22,17 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <rdma/ib_user_ioctl_cmds.h>
+#include <rdma/rdma_user_ioctl_cmds.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "pcientb-abi.h"
 
 static int failures;
 
@@ -160,6 +166,118 @@ static void check_mrs(struct ibv_device *d, struct ibv_pd *pd) {
   free(buf);
 }
 
+// pcientb.ko's move (uapi/pcientb-abi.h) issued by `ctx`: 0 or an errno value.
+static int move(struct ibv_context *ctx, uint32_t lid, uint32_t window, uint64_t raddr, void *addr,
+                uint64_t length, uint32_t dir) {
+  struct pcientb_move cmd = {.lid = lid,
+                             .window = window,
+                             .raddr = raddr,
+                             .addr = (uintptr_t)addr,
+                             .length = length,
+                             .dir = dir};
+  struct {
+    struct ib_uverbs_ioctl_hdr hdr;
+    struct ib_uverbs_attr attr;
+  } req;
+
+  memset(&req, 0, sizeof req);
+  req.hdr.length = sizeof req;
+  req.hdr.object_id = UVERBS_OBJECT_DEVICE;
+  req.hdr.method_id = PCIENTB_METHOD_MOVE;
+  req.hdr.num_attrs = 1;
+  req.hdr.driver_id = PCIENTB_DRIVER_ID;
+  req.attr.attr_id = PCIENTB_ATTR_MOVE_CMD;
+  req.attr.len = sizeof cmd;
+  req.attr.flags = UVERBS_ATTR_F_MANDATORY;
+  req.attr.data = (uintptr_t)&cmd;
+  return ioctl(ctx->cmd_fd, RDMA_VERBS_IOCTL, &req) ? errno : 0;
+}
+
+static void check_move(const char *dev, const char *what, int got, int want) {
+  if (got != want) {
+    printf("FAIL %s: move %s: %s, expected %s\n", dev, what, got ? strerror(got) : "done",
+           want ? strerror(want) : "done");
+    failures++;
+  }
+}
+
+static uint16_t lid_of(struct ibv_context *ctx) {
+  struct ibv_port_attr port;
+  return ibv_query_port(ctx, 1, &port) ? 0 : port.lid;
+}
+
+// Two nodes of one device: B writes into and reads from A's region through the kernel's
+// move, which checks that the region is A's, its bounds and rights; and refuses what
+// names no region (a wrong key, another node, a region deregistered or of a closed node).
+static void check_moves(struct ibv_device *d) {
+  const char *name = ibv_get_device_name(d);
+  enum { kRegion = 200000, kLen = 70000, kAt = 5000 };
+  struct ibv_context *a = ibv_open_device(d), *b = ibv_open_device(d);
+  struct ibv_pd *pa = a ? ibv_alloc_pd(a) : NULL;
+  char *abuf = calloc(1, kRegion + 100), *region = abuf + 100;  // not page-aligned
+  char *rbuf = calloc(1, 4096), *src = malloc(kLen), *dst = malloc(kLen);
+  struct ibv_mr *mr = NULL, *ro = NULL;
+  int i;
+
+  if (!b || !pa || !abuf || !rbuf || !src || !dst) {
+    fail(name, "two contexts, a PD and buffers", errno);
+    goto out;
+  }
+  mr = ibv_reg_mr(pa, region, kRegion,
+                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  ro = ibv_reg_mr(pa, rbuf, 4096, IBV_ACCESS_REMOTE_READ);
+  if (!mr || !ro) {
+    fail(name, "regions for the moves", errno);
+    goto out;
+  }
+  const uint16_t la = lid_of(a), lb = lid_of(b);
+  const uint64_t base = (uintptr_t)region;
+  for (i = 0; i < kLen; i++) src[i] = (char)(i * 13 + 1);
+  memset(rbuf, 0x5a, 4096);
+
+  check_move(name, "into A's region", move(b, la, mr->rkey, base + kAt, src, kLen, 0), 0);
+  if (memcmp(region + kAt, src, kLen) != 0 || region[kAt - 1] || region[kAt + kLen])
+    fail(name, "the move did not land exactly where it was aimed", 0);
+  check_move(name, "out of A's region", move(b, la, mr->rkey, base + kAt, dst, kLen, 1), 0);
+  if (memcmp(dst, src, kLen) != 0) fail(name, "the read did not bring the bytes back", 0);
+  check_move(name, "by A into its own region", move(a, la, mr->rkey, base, src, 10, 0), 0);
+  check_move(name, "out of a region without remote read",
+             move(b, la, ro->rkey, (uintptr_t)rbuf, dst, 4096, 1), 0);
+  if (memcmp(dst, rbuf, 4096) != 0) fail(name, "the read-only region's bytes", 0);
+
+  check_move(name, "with a wrong key", move(b, la, mr->rkey ^ 1, base, src, 8, 0), ENOENT);
+  check_move(name, "to another node", move(b, lb, mr->rkey, base, src, 8, 0), ENOENT);
+  check_move(name, "past the end", move(b, la, mr->rkey, base + kRegion - 4, src, 8, 0), ERANGE);
+  check_move(name, "before the start", move(b, la, mr->rkey, base - 1, src, 8, 1), ERANGE);
+  check_move(name, "of nothing", move(b, la, mr->rkey, base, src, 0, 0), EINVAL);
+  check_move(name, "of a bad direction", move(b, la, mr->rkey, base, src, 8, 7), EINVAL);
+  check_move(name, "into a region without remote write",
+             move(b, la, ro->rkey, (uintptr_t)rbuf, src, 8, 0), EACCES);
+  check_move(name, "from a bad address", move(b, la, mr->rkey, base, (void *)16, 8, 0), EFAULT);
+  if (rbuf[0] != 0x5a) fail(name, "a refused move changed the region", 0);
+
+  const uint32_t key = mr->rkey;
+  if (ibv_dereg_mr(mr)) fail(name, "ibv_dereg_mr", errno);
+  mr = NULL;
+  check_move(name, "into a deregistered region", move(b, la, key, base, src, 8, 0), ENOENT);
+  const uint32_t ro_key = ro->rkey;
+  ibv_close_device(a);  // its regions go with it
+  a = NULL;
+  ro = NULL;
+  check_move(name, "out of a closed node's region", move(b, la, ro_key, (uintptr_t)rbuf, dst, 8, 1),
+             ENOENT);
+out:
+  if (mr) ibv_dereg_mr(mr);
+  if (ro) ibv_dereg_mr(ro);
+  if (pa && a) ibv_dealloc_pd(pa);
+  if (a) ibv_close_device(a);
+  if (b) ibv_close_device(b);
+  free(abuf);
+  free(rbuf);
+  free(src);
+  free(dst);
+}
+
 // The half of the LID space a LID is in (its port's: 1-511 or 513-1023), -1 for none.
 static int lid_half(uint16_t lid) {
   return lid && lid % 512 && lid < 1024 ? lid / 512 : -1;
@@ -253,6 +371,7 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
     fail(name, "ibv_alloc_pd", errno);
   } else {
     check_mrs(d, pd);
+    check_moves(d);
     if ((rc = ibv_dealloc_pd(pd))) fail(name, "ibv_dealloc_pd", rc);
   }
   errno = 0;
@@ -266,7 +385,7 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   rc = ibv_close_device(ctx);
   if (rc) fail(name, "ibv_close_device", errno);
   if (failures == before)
-    printf("device %s ok guid %016llx lid %u port ACTIVE pd ok mr ok cq EOPNOTSUPP\n", name,
+    printf("device %s ok guid %016llx lid %u port ACTIVE pd ok mr ok move ok cq EOPNOTSUPP\n", name,
            (unsigned long long)be64toh(attr.node_guid), lid);
   return failures == before ? 0 : -1;
 }
