@@ -114,6 +114,8 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 		.port = port,
 		.peer_port = peer,
 		.nonce = get_random_u64(),
+		.table_entries = PCIENTB_LIDS,
+		.area_size = PCIENTB_AREA_SIZE,
 	};
 	int lid, rc;
 
@@ -127,9 +129,18 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 		return lid == -ENOSPC ? -EUSERS : lid;
 	uc->lid = lid;
 	resp.lid = lid;
+	rc = pcientb_node_add(dev, uc, resp.nonce);
+	if (rc)
+		goto free_lid;
 	rc = ib_copy_to_udata(udata, &resp, sizeof(resp));
 	if (rc)
-		ida_free(&dev->lids, lid);
+		goto remove;
+	return 0;
+
+remove:
+	pcientb_node_remove(dev, uc);
+free_lid:
+	ida_free(&dev->lids, lid);
 	return rc;
 }
 
@@ -137,14 +148,16 @@ static void pcientb_dealloc_ucontext(struct ib_ucontext *ibuc)
 {
 	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
 
+	pcientb_node_remove(to_dev(ibuc->device), uc);
 	ida_free(&to_dev(ibuc->device)->lids, uc->lid);
 }
 
 /*
  * Set so that a port removed under open contexts (unbind, surprise removal, rmmod) does
  * not wait for their processes to exit: uverbs frees their objects through the ops
- * above and sends each IB_EVENT_DEVICE_FATAL. Nothing of a context is mapped into its
- * process yet, so nothing is left to revoke here.
+ * above and sends each IB_EVENT_DEVICE_FATAL. What a context maps is memory (areas, the
+ * node table), no device registers: the mappings hold their pages, so nothing needs to be
+ * revoked here (the node table stops changing; its entries read as they were).
  */
 static void pcientb_disassociate_ucontext(struct ib_ucontext *ibuc)
 {
@@ -167,6 +180,13 @@ static int pcientb_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 	return 0;
 }
 
+/* The driver methods (uverbs ioctls on the device object). */
+static const struct uapi_definition pcientb_defs[] = {
+	UAPI_DEF_CHAIN(pcientb_mem_defs),
+	UAPI_DEF_CHAIN(pcientb_node_defs),
+	{},
+};
+
 static const struct ib_device_ops pcientb_ib_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = PCIENTB_DRIVER_ID,
@@ -179,6 +199,7 @@ static const struct ib_device_ops pcientb_ib_ops = {
 	.dereg_mr = pcientb_dereg_mr,
 	.disassociate_ucontext = pcientb_disassociate_ucontext,
 	.get_port_immutable = pcientb_get_port_immutable,
+	.mmap = pcientb_mmap,
 	.query_device = pcientb_query_device,
 	.query_gid = pcientb_query_gid,
 	.query_pkey = pcientb_query_pkey,
@@ -219,25 +240,32 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	dev->ntb = ntb;
 	ida_init(&dev->lids);
 	pcientb_mem_init(dev);
+	rc = pcientb_nodes_init(dev);
+	if (rc)
+		goto dealloc;
 	dev->ibdev.node_type = RDMA_NODE_IB_CA;
 	dev->ibdev.phys_port_cnt = 1;
 	dev->ibdev.num_comp_vectors = 1;
 	dev->ibdev.node_guid = node_guid(ntb);
 	dev->ibdev.dev.parent = &ntb->pdev->dev;
-	dev->ibdev.driver_def = pcientb_mem_defs;
+	dev->ibdev.driver_def = pcientb_defs;
 	strscpy(dev->ibdev.node_desc, "pcientb", sizeof(dev->ibdev.node_desc));
 	dev->active = port_active(dev);
 	ib_set_device_ops(&dev->ibdev, &pcientb_ib_ops);
 	/* Regions are mapped for the NT function: the peer's accesses come with its ID. */
 	rc = ib_register_device(&dev->ibdev, "pcientb%d", &ntb->pdev->dev);
-	if (rc) {
-		pcientb_mem_destroy(dev);
-		ida_destroy(&dev->lids);
-		ib_dealloc_device(&dev->ibdev);
-		return ERR_PTR(rc);
-	}
+	if (rc)
+		goto nodes;
 	dev_info(&ntb->dev, "verbs device %s\n", dev_name(&dev->ibdev.dev));
 	return dev;
+
+nodes:
+	pcientb_nodes_destroy(dev);
+dealloc:
+	pcientb_mem_destroy(dev);
+	ida_destroy(&dev->lids);
+	ib_dealloc_device(&dev->ibdev);
+	return ERR_PTR(rc);
 }
 
 /*
@@ -268,6 +296,7 @@ void pcientb_ib_link_event(struct pcientb_ib *dev)
 void pcientb_ib_remove(struct pcientb_ib *dev)
 {
 	ib_unregister_device(&dev->ibdev);
+	pcientb_nodes_destroy(dev);
 	pcientb_mem_destroy(dev);
 	ida_destroy(&dev->lids);
 	ib_dealloc_device(&dev->ibdev);

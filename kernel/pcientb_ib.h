@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * The verbs device's objects, shared by its files: pcientb_ib.c (the device, its queries,
- * contexts and PDs) and pcientb_mem.c (memory regions, and the moves into and out of them).
+ * contexts and PDs), pcientb_node.c (the nodes: areas, node table, doorbells, watchers)
+ * and pcientb_mem.c (memory regions, and the moves into and out of them).
  */
 #ifndef PCIENTB_KERNEL_PCIENTB_IB_H
 #define PCIENTB_KERNEL_PCIENTB_IB_H
@@ -12,10 +13,15 @@
 #include <rdma/ib_verbs.h>
 #include <rdma/uverbs_ioctl.h>
 
+#include "pcientb-abi.h"
+
 #define PCIENTB_MAX_PD (1 << 20)
 /* MR keys are index << 8 | a byte that changes with each registration of the index. */
 #define PCIENTB_MAX_MR (1 << 16)
 #define PCIENTB_MAX_MR_SIZE (1ULL << 40)
+#define PCIENTB_LIDS (2 * PCIENTB_LIDS_PER_PORT) /* both ports' halves: the node table */
+/* A node's area: sparse (only written pages cost), the engine's tables take ~4 MiB. */
+#define PCIENTB_AREA_SIZE (256UL << 20)
 
 struct ntb_dev;
 
@@ -24,6 +30,8 @@ struct pcientb_ib {
 	struct ntb_dev *ntb;
 	atomic_t pds;
 	struct ida lids; /* of its contexts */
+	struct xarray nodes; /* LID -> struct pcientb_node, while the context lives */
+	void *table; /* PCIENTB_LIDS struct pcientb_node_entry, mapped read-only */
 	struct xarray mrs; /* key index -> struct pcientb_mr */
 	u32 next_mr; /* xa_alloc_cyclic's cursor */
 	atomic_t mr_key; /* its low byte: the key byte of the last registration */
@@ -39,9 +47,17 @@ static inline struct pcientb_ib *to_dev(struct ib_device *ibdev)
 struct pcientb_ucontext {
 	struct ib_ucontext ibuc;
 	u32 lid;
+	struct pcientb_node *node;
 };
 
 extern const struct uapi_definition pcientb_mem_defs[];
+extern const struct uapi_definition pcientb_node_defs[];
+
+int pcientb_nodes_init(struct pcientb_ib *dev);
+void pcientb_nodes_destroy(struct pcientb_ib *dev);
+int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce);
+void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc);
+int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma);
 
 struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,
 				  struct ib_udata *udata);

@@ -15,7 +15,7 @@
  * binds by it, and every uverbs ioctl carries it.
  */
 #define PCIENTB_DRIVER_ID 0x504e
-#define PCIENTB_UVERBS_ABI_VERSION 2
+#define PCIENTB_UVERBS_ABI_VERSION 3
 #define PCIENTB_UCONTEXT_MAGIC 0x7063696e /* "pcin" */
 
 /*
@@ -32,6 +32,29 @@ struct pcientb_ucontext_resp {
 	__u32 port; /* this host's NTB port number */
 	__u32 peer_port; /* the port number of the host across the bridge */
 	__u32 lid; /* this context's */
+	__u32 table_entries; /* of the node table (PCIENTB_MMAP_TABLE): one per LID */
+	__aligned_u64 nonce;
+	__aligned_u64 area_size; /* of each node's area (PCIENTB_MMAP_AREA) */
+};
+
+/*
+ * What the context's uverbs fd maps, by offset (in pages): its node's area (read-write,
+ * shared memory that the nodes of this host map too: what they post), the node table
+ * (read-only), and the area of the node with LID `lid` of this host (read-write: a
+ * node posts into its peers' areas; it never loads from them, by the transport's rules).
+ * Areas are sparse: a page costs memory once written; madvise(MADV_REMOVE) of the own
+ * mapping gives pages back (they read as zeros again).
+ */
+#define PCIENTB_MMAP_AREA 0
+#define PCIENTB_MMAP_TABLE 1
+#define PCIENTB_MMAP_PEER(lid) (0x10000 + (lid))
+
+/*
+ * A node table entry, indexed by LID: `life` is non-zero while the node lives (the low
+ * bits of its nonce, made odd), 0 once it is gone; `nonce` tells its incarnation.
+ */
+struct pcientb_node_entry {
+	__u32 life;
 	__u32 reserved;
 	__aligned_u64 nonce;
 };
@@ -50,6 +73,15 @@ enum pcientb_methods {
 	 * EACCES without the right, EFAULT the caller's memory, EINVAL a bad command.
 	 */
 	PCIENTB_METHOD_MOVE = 1U << 12, /* UVERBS_ID_NS_SHIFT: the driver's namespace */
+	/* Rings node `lid` of this host: its doorbell eventfd counts one. ENOENT: no such node. */
+	PCIENTB_METHOD_RING,
+	/* The caller's doorbell: an eventfd (fd -1: none). */
+	PCIENTB_METHOD_DOORBELL,
+	/*
+	 * A new file descriptor that polls readable (POLLIN) once node `lid` of incarnation
+	 * `nonce` is gone (at once if it is not there); close it when done.
+	 */
+	PCIENTB_METHOD_WATCH,
 };
 
 enum pcientb_move_attrs {
@@ -59,6 +91,41 @@ enum pcientb_move_attrs {
 enum pcientb_move_dir {
 	PCIENTB_MOVE_WRITE = 0, /* the caller's memory to the window */
 	PCIENTB_MOVE_READ = 1, /* the window to the caller's memory */
+};
+
+enum pcientb_ring_attrs {
+	PCIENTB_ATTR_RING_CMD = 1U << 12, /* struct pcientb_ring, in */
+};
+
+enum pcientb_doorbell_attrs {
+	PCIENTB_ATTR_DOORBELL_CMD = 1U << 12, /* struct pcientb_doorbell, in */
+};
+
+enum pcientb_watch_attrs {
+	PCIENTB_ATTR_WATCH_CMD = 1U << 12, /* struct pcientb_watch, in */
+	PCIENTB_ATTR_WATCH_RESP, /* struct pcientb_watch_resp, out */
+};
+
+/* (Attributes of 8 bytes or less travel in the attribute itself, not by pointer.) */
+struct pcientb_ring {
+	__u32 lid;
+	__u32 reserved;
+};
+
+struct pcientb_doorbell {
+	__s32 fd;
+	__u32 reserved;
+};
+
+struct pcientb_watch {
+	__u32 lid;
+	__u32 reserved;
+	__aligned_u64 nonce;
+};
+
+struct pcientb_watch_resp {
+	__s32 fd;
+	__u32 reserved;
 };
 
 struct pcientb_move {

@@ -6,7 +6,8 @@
  *       every pcientb device: opens it (the provider bound it), checks what device, port,
  *       GID and P_Key queries answer, allocates and frees a PD, registers memory regions
  *       (pinned while registered, keys, rights, bad addresses: check_mrs), moves bytes
- *       between two nodes' regions with pcientb.ko's move (check_moves), and that a CQ
+ *       between two nodes' regions with pcientb.ko's move (check_moves), the nodes' areas,
+ *       node table, doorbells and watchers (check_nodes), and that a CQ
  *       is refused with EOPNOTSUPP (no data path yet); a second context of the device is
  *       another node (another LID, in the same port's half of the LID space); expects N
  *       devices with distinct GUIDs, whose ports' LIDs are in different halves.
@@ -27,8 +28,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -167,6 +170,36 @@ static void check_mrs(struct ibv_device *d, struct ibv_pd *pd) {
 }
 
 // pcientb.ko's move (uapi/pcientb-abi.h) issued by `ctx`: 0 or an errno value.
+// A driver method of pcientb.ko (uapi/pcientb-abi.h) issued by `ctx`, with its command
+// (`in`) and, if `out`, a response: 0 or an errno value. (An attribute of 8 bytes or less
+// travels in the attribute itself.)
+static int method(struct ibv_context *ctx, uint16_t id, const void *in, uint16_t in_len, void *out,
+                  uint16_t out_len) {
+  struct {
+    struct ib_uverbs_ioctl_hdr hdr;
+    struct ib_uverbs_attr attr[2];
+  } req;
+
+  memset(&req, 0, sizeof req);
+  req.hdr.length = sizeof req.hdr + (out ? 2 : 1) * sizeof(struct ib_uverbs_attr);
+  req.hdr.object_id = UVERBS_OBJECT_DEVICE;
+  req.hdr.method_id = id;
+  req.hdr.num_attrs = out ? 2 : 1;
+  req.hdr.driver_id = PCIENTB_DRIVER_ID;
+  req.attr[0].attr_id = 1U << 12;  // the command: each method's first attribute
+  req.attr[0].len = in_len;
+  req.attr[0].flags = UVERBS_ATTR_F_MANDATORY;
+  if (in_len <= 8)
+    memcpy(&req.attr[0].data, in, in_len);
+  else
+    req.attr[0].data = (uintptr_t)in;
+  req.attr[1].attr_id = (1U << 12) + 1;  // the response
+  req.attr[1].len = out_len;
+  req.attr[1].flags = UVERBS_ATTR_F_MANDATORY;
+  req.attr[1].data = (uintptr_t)out;
+  return ioctl(ctx->cmd_fd, RDMA_VERBS_IOCTL, &req) ? errno : 0;
+}
+
 static int move(struct ibv_context *ctx, uint32_t lid, uint32_t window, uint64_t raddr, void *addr,
                 uint64_t length, uint32_t dir) {
   struct pcientb_move cmd = {.lid = lid,
@@ -175,22 +208,7 @@ static int move(struct ibv_context *ctx, uint32_t lid, uint32_t window, uint64_t
                              .addr = (uintptr_t)addr,
                              .length = length,
                              .dir = dir};
-  struct {
-    struct ib_uverbs_ioctl_hdr hdr;
-    struct ib_uverbs_attr attr;
-  } req;
-
-  memset(&req, 0, sizeof req);
-  req.hdr.length = sizeof req;
-  req.hdr.object_id = UVERBS_OBJECT_DEVICE;
-  req.hdr.method_id = PCIENTB_METHOD_MOVE;
-  req.hdr.num_attrs = 1;
-  req.hdr.driver_id = PCIENTB_DRIVER_ID;
-  req.attr.attr_id = PCIENTB_ATTR_MOVE_CMD;
-  req.attr.len = sizeof cmd;
-  req.attr.flags = UVERBS_ATTR_F_MANDATORY;
-  req.attr.data = (uintptr_t)&cmd;
-  return ioctl(ctx->cmd_fd, RDMA_VERBS_IOCTL, &req) ? errno : 0;
+  return method(ctx, PCIENTB_METHOD_MOVE, &cmd, sizeof cmd, NULL, 0);
 }
 
 static void check_move(const char *dev, const char *what, int got, int want) {
@@ -276,6 +294,159 @@ out:
   free(rbuf);
   free(src);
   free(dst);
+}
+
+static int ring(struct ibv_context *ctx, uint32_t lid) {
+  struct pcientb_ring cmd = {.lid = lid};
+  return method(ctx, PCIENTB_METHOD_RING, &cmd, sizeof cmd, NULL, 0);
+}
+
+static int set_doorbell(struct ibv_context *ctx, int fd) {
+  struct pcientb_doorbell cmd = {.fd = fd};
+  return method(ctx, PCIENTB_METHOD_DOORBELL, &cmd, sizeof cmd, NULL, 0);
+}
+
+// A watcher of node `lid` of incarnation `nonce` (-1 and errno on failure).
+static int watch(struct ibv_context *ctx, uint32_t lid, uint64_t nonce) {
+  struct pcientb_watch cmd = {.lid = lid, .nonce = nonce};
+  struct pcientb_watch_resp resp = {.fd = -1};
+  int err = method(ctx, PCIENTB_METHOD_WATCH, &cmd, sizeof cmd, &resp, sizeof resp);
+  errno = err;
+  return err ? -1 : resp.fd;
+}
+
+static double now(void) {
+  struct timespec t;
+
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+// Whether `fd` polls readable within `ms`.
+static int readable(int fd, int ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+static void *map(struct ibv_context *ctx, size_t len, int prot, int flags, unsigned long page) {
+  return mmap(NULL, len, prot, flags, ctx->cmd_fd, (off_t)(page * 4096));
+}
+
+static void check_map_refused(const char *dev, const char *what, void *p, int want) {
+  if (p != MAP_FAILED) {
+    printf("FAIL %s: %s was mapped\n", dev, what);
+    failures++;
+  } else if (errno != want) {
+    printf("FAIL %s: %s: %s, expected %s\n", dev, what, strerror(errno), strerror(want));
+    failures++;
+  }
+}
+
+// The nodes of one device: each node's area, mapped by itself and by its peers (what one
+// writes the other reads, a discarded range reads as zeros), the node table (read-only:
+// alive and nonce of each LID), doorbells (a ring counts one on the node's eventfd) and
+// watchers (readable once the node they watch is gone, at once for one already gone).
+static void check_nodes(struct ibv_device *d) {
+  const char *name = ibv_get_device_name(d);
+  const size_t len = 1 << 20;
+  struct ibv_context *a = ibv_open_device(d), *b = ibv_open_device(d);
+  const struct pcientb_node_entry *table = MAP_FAILED;
+  char *own = MAP_FAILED, *peer = MAP_FAILED;
+  int efd = eventfd(0, EFD_NONBLOCK), w = -1, w_old = -1;
+  uint64_t count = 0;
+
+  if (!a || !b || efd < 0) {
+    fail(name, "two contexts and an eventfd", errno);
+    goto out;
+  }
+  const uint16_t la = lid_of(a), lb = lid_of(b);
+  table = map(b, 4 * 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+  if (table == MAP_FAILED) {
+    fail(name, "mapping the node table", errno);
+    goto out;
+  }
+  const uint64_t nonce_a = table[la].nonce;
+  if (!table[la].life || !table[lb].life || !nonce_a || nonce_a == table[lb].nonce ||
+      table[la].life != ((uint32_t)nonce_a | 1) || table[1023].life) {
+    printf("FAIL %s: node table: LID %u life %#x nonce %#llx, LID %u life %#x\n", name, la,
+           table[la].life, (unsigned long long)nonce_a, lb, table[lb].life);
+    failures++;
+  }
+  check_map_refused(name, "the node table for writing",
+                    map(b, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_TABLE), EPERM);
+
+  own = map(a, len, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_AREA);
+  peer = map(b, len, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_PEER(la));
+  if (own == MAP_FAILED || peer == MAP_FAILED) {
+    fail(name, "mapping A's area by A and by B", errno);
+    goto out;
+  }
+  strcpy(own + 12345, "from A");
+  strcpy(peer + 500000, "from B");
+  if (strcmp(peer + 12345, "from A") != 0 || strcmp(own + 500000, "from B") != 0)
+    fail(name, "A's area is not the same memory for A and for B", 0);
+  own[8192] = 1;
+  if (madvise(own + 8192, 4096, MADV_REMOVE) || peer[8192] != 0)
+    fail(name, "a discarded page of A's area does not read as zeros", errno);
+  check_map_refused(name, "an area mapped privately",
+                    map(b, 4096, PROT_READ, MAP_PRIVATE, PCIENTB_MMAP_PEER(la)), EINVAL);
+  check_map_refused(name, "past the area's end",
+                    map(b, (256UL << 20) + 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_PEER(la)),
+                    EINVAL);
+  check_map_refused(name, "the area of a LID no node has",
+                    map(b, 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_PEER(1023)), ENOENT);
+
+  if (set_doorbell(a, efd)) fail(name, "PCIENTB_METHOD_DOORBELL", errno);
+  if (ring(b, la) || ring(b, la)) fail(name, "ringing A", errno);
+  if (read(efd, &count, sizeof count) != sizeof count || count != 2) {
+    printf("FAIL %s: A's doorbell counted %llu rings, expected 2\n", name,
+           (unsigned long long)count);
+    failures++;
+  }
+  if (ring(b, 1023) != ENOENT) fail(name, "ringing a LID no node has did not fail (ENOENT)", 0);
+  if (set_doorbell(a, -1) || ring(b, la) || readable(efd, 0))
+    fail(name, "a ring after the doorbell was taken back", 0);
+
+  w = watch(b, la, nonce_a);
+  w_old = watch(b, la, nonce_a ^ 1);
+  if (w < 0 || w_old < 0) {
+    fail(name, "PCIENTB_METHOD_WATCH", errno);
+    goto out;
+  }
+  if (readable(w, 0)) fail(name, "a watcher of a live node is readable", 0);
+  if (!readable(w_old, 0)) fail(name, "a watcher of another incarnation is not readable", 0);
+  // A process already waiting in poll() is woken when A goes.
+  const pid_t waiter = fork();
+  if (waiter == 0) {
+    // Its copies of A's descriptors would keep A open.
+    for (int fd = 3; fd < 1024; fd++)
+      if (fd != w) close(fd);
+    // poll() looks once more when it times out: only an early wake is a wake.
+    const double start = now();
+    _exit(readable(w, 5000) && now() - start < 3 ? 0 : 1);
+  }
+  usleep(200 * 1000);
+  munmap(own, len);
+  own = MAP_FAILED;
+  ibv_close_device(a);
+  a = NULL;
+  int status = -1;
+  if (waiter < 0 || waitpid(waiter, &status, 0) != waiter || status != 0)
+    fail(name, "a watcher waiting in poll() was not woken when A closed", 0);
+  if (!readable(w, 0)) fail(name, "A's watcher is not readable after A closed", 0);
+  if (table[la].life) fail(name, "the node table says A lives after it closed", 0);
+  if (strcmp(peer + 12345, "from A") != 0)
+    fail(name, "A's area as B maps it changed after A closed", 0);
+  if (ring(b, la) != ENOENT) fail(name, "ringing a closed node did not fail (ENOENT)", 0);
+out:
+  if (w >= 0) close(w);
+  if (w_old >= 0) close(w_old);
+  if (efd >= 0) close(efd);
+  if (own != MAP_FAILED) munmap(own, len);
+  if (peer != MAP_FAILED) munmap(peer, len);
+  if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
+  if (a) ibv_close_device(a);
+  if (b) ibv_close_device(b);
 }
 
 // The half of the LID space a LID is in (its port's: 1-511 or 513-1023), -1 for none.
@@ -372,6 +543,7 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   } else {
     check_mrs(d, pd);
     check_moves(d);
+    check_nodes(d);
     if ((rc = ibv_dealloc_pd(pd))) fail(name, "ibv_dealloc_pd", rc);
   }
   errno = 0;
@@ -385,8 +557,9 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   rc = ibv_close_device(ctx);
   if (rc) fail(name, "ibv_close_device", errno);
   if (failures == before)
-    printf("device %s ok guid %016llx lid %u port ACTIVE pd ok mr ok move ok cq EOPNOTSUPP\n", name,
-           (unsigned long long)be64toh(attr.node_guid), lid);
+    printf(
+        "device %s ok guid %016llx lid %u port ACTIVE pd ok mr ok move ok nodes ok cq EOPNOTSUPP\n",
+        name, (unsigned long long)be64toh(attr.node_guid), lid);
   return failures == before ? 0 : -1;
 }
 
@@ -430,13 +603,6 @@ static const char *event_name(enum ibv_event_type e) {
     default:
       return ibv_event_type_str(e);
   }
-}
-
-static double now(void) {
-  struct timespec t;
-
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 static int events(const char *name, int want, double seconds, const char *ready) {
