@@ -4,12 +4,13 @@
  * uverbs under PCIENTB_DRIVER_ID, so that libibverbs lists it with no preload and binds it
  * to libpcientb-rdmav34.so.
  *
- * What it serves today: device and port queries, user contexts (each a node of the fabric
- * with a LID of its own), protection domains and memory regions (pcientb_mem.c); the port is
- * ACTIVE while the NTB link is up, and each change of the link is an async event
- * (IB_EVENT_PORT_ACTIVE / IB_EVENT_PORT_ERR). It reports no queue pairs or completion queues
- * (max_qp = max_cq = 0): the provider's engine reaches them through the kernel fabric
- * backend, which is not built yet (docs/kernel.md).
+ * What it serves: device and port queries, user contexts (each a node of the fabric with a
+ * LID of its own, pcientb_node.c; or, asked so, a context without a node), protection
+ * domains and memory regions (pcientb_mem.c); the port is ACTIVE while the NTB link is up,
+ * and each change of the link is an async event (IB_EVENT_PORT_ACTIVE / IB_EVENT_PORT_ERR).
+ * It has no queue pairs or completion queues of its own (max_qp = max_cq = 0): the
+ * provider's engine keeps them in the process, on the kernel fabric that the nodes' services
+ * make (providers/pcientb/fabric/kernel, docs/kernel.md).
  */
 #include <linux/ntb.h>
 #include <linux/random.h>
@@ -119,9 +120,20 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 	};
 	int lid, rc;
 
+	struct pcientb_ucontext_req req = {};
+
 	/* A provider of another ABI asks for less: it is refused, not half answered. */
 	if (udata->outlen < sizeof(resp))
 		return -EINVAL;
+	if (udata->inlen) {
+		rc = ib_copy_from_udata(&req, udata, min(udata->inlen, sizeof(req)));
+		if (rc)
+			return rc;
+		if (req.flags & ~PCIENTB_UCONTEXT_NO_NODE || req.reserved)
+			return -EINVAL;
+	}
+	if (req.flags & PCIENTB_UCONTEXT_NO_NODE)
+		return ib_copy_to_udata(udata, &resp, sizeof(resp)); /* LID 0: no node */
 	if (port < 0 || peer < 0)
 		return -EAGAIN;
 	lid = ida_alloc_range(&dev->lids, base + 1, base + PCIENTB_LIDS_PER_PORT - 1, GFP_KERNEL);
@@ -148,6 +160,8 @@ static void pcientb_dealloc_ucontext(struct ib_ucontext *ibuc)
 {
 	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
 
+	if (!uc->node) /* a context without a node */
+		return;
 	pcientb_node_remove(to_dev(ibuc->device), uc);
 	ida_free(&to_dev(ibuc->device)->lids, uc->lid);
 }

@@ -137,6 +137,8 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 	}
 	if (off == PCIENTB_MMAP_AREA) {
 		node = uc->node;
+		if (!node)
+			return -EINVAL;
 		kref_get(&node->ref);
 	} else if (off >= PCIENTB_MMAP_PEER(0) && off < PCIENTB_MMAP_PEER(PCIENTB_LIDS)) {
 		node = node_get(dev, off - PCIENTB_MMAP_PEER(0));
@@ -202,6 +204,11 @@ static int UVERBS_HANDLER(PCIENTB_METHOD_DOORBELL)(struct uverbs_attr_bundle *at
 			return PTR_ERR(db);
 	}
 	node = container_of(ibuc, struct pcientb_ucontext, ibuc)->node;
+	if (!node) {
+		if (db)
+			eventfd_ctx_put(db);
+		return -EINVAL;
+	}
 	spin_lock(&node->lock);
 	old = node->doorbell;
 	node->doorbell = db;

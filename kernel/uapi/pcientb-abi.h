@@ -25,6 +25,17 @@
  */
 #define PCIENTB_LIDS_PER_PORT 512
 
+/*
+ * The driver data of GET_CONTEXT's command (optional). A context without a node has no
+ * LID, area or doorbell: what libibverbs itself asks of a device (GIDs) is served on it,
+ * while the provider's engine is a node on a context of its own.
+ */
+#define PCIENTB_UCONTEXT_NO_NODE 0x1
+struct pcientb_ucontext_req {
+	__u32 flags;
+	__u32 reserved;
+};
+
 /* The driver data of GET_CONTEXT's response. */
 struct pcientb_ucontext_resp {
 	__u32 magic; /* PCIENTB_UCONTEXT_MAGIC */

@@ -43,6 +43,11 @@ for d in /sys/kernel/debug/pcientb/*/; do
 done
 host $CHECK devices 2
 host ibv_devinfo -v
+# Two processes, two nodes of pcientb0 (the engine over the kernel fabric); the
+# pingpong's own connection setup is TCP over loopback.
+ip link set lo up 2>/dev/null || ifconfig lo up
+host sh -c 'ibv_rc_pingpong -d pcientb0 -n 200 -s 4096 -p 18515 >/dev/pingpong-server 2>&1 &
+  sleep 1; ibv_rc_pingpong -d pcientb0 -n 200 -s 4096 -p 18515 127.0.0.1; wait; cat /dev/pingpong-server'
 # Link down and up: port 1's device leaves the driver and comes back.
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
@@ -126,6 +131,10 @@ def check(lines):
               or "warning" in v.lower()]
     if failed:
         problems.append("verbs: " + "; ".join(failed))
+    # Both pingpong processes moved 200 x 4 KiB each way.
+    moved = [v for v in verbs if re.match(r"1638400 bytes in [\d.]+ seconds", v)]
+    if len(moved) != 2:
+        problems.append(f"ibv_rc_pingpong over pcientb0: {len(moved)} of 2 processes finished")
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:
         problems.append("the verbs devices were not both checked, before and after")
     # ibv_devinfo itself lists both, bound to the provider (no warning above).
@@ -139,14 +148,16 @@ def check(lines):
     else:
         first, second = ib.groups()
         # Then the module goes (its link may go down first).
+        # The provider's engine announces the port at open (PORT_ACTIVE), then passes on
+        # the module's events.
         got = [v.split()[2] for v in verbs if v.startswith(f"event {first} ")]
-        if got not in (FIRST_EVENTS + ["DEVICE_FATAL"],
-                       FIRST_EVENTS + ["PORT_ERR", "DEVICE_FATAL"]):
+        if got not in (["PORT_ACTIVE"] + FIRST_EVENTS + ["DEVICE_FATAL"],
+                       ["PORT_ACTIVE"] + FIRST_EVENTS + ["PORT_ERR", "DEVICE_FATAL"]):
             problems.append(f"{first}'s async events {got}: expected {FIRST_EVENTS}, then "
                             "DEVICE_FATAL at rmmod")
         # Its link may go down before the device does.
         got = [v.split()[2] for v in verbs if v.startswith(f"event {second} ")]
-        if got not in (["DEVICE_FATAL"], ["PORT_ERR", "DEVICE_FATAL"]):
+        if got not in (["PORT_ACTIVE", "DEVICE_FATAL"], ["PORT_ACTIVE", "PORT_ERR", "DEVICE_FATAL"]):
             problems.append(f"{second}'s async events {got}: expected DEVICE_FATAL last, "
                             "after PORT_ERR at most")
         # Each watcher's region was unpinned when its device went.

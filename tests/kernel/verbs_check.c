@@ -24,6 +24,7 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <rdma/ib_user_ioctl_cmds.h>
+#include <rdma/ib_user_verbs.h>
 #include <rdma/rdma_user_ioctl_cmds.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,20 +66,126 @@ static void check_pinned(const char *dev, const char *when, long base, long want
   }
 }
 
+// pcientb.ko's own objects, as the kernel fabric uses them: a uverbs context of the
+// device opened directly (GET_CONTEXT: a node with its LID, nonce and area), a PD, and
+// memory regions, by the core's legacy write() commands. (Through libibverbs the
+// provider's engine owns the contexts: these check what the module itself does.)
+struct kctx {
+  const char *name;
+  int cmd_fd;
+  int async_fd;
+  uint32_t pd;
+  struct pcientb_ucontext_resp info;
+};
+
+struct kmr {
+  struct kctx *ctx;
+  uint32_t handle, lkey, rkey;
+  void *addr;
+  size_t length;
+};
+
+// One uverbs write() command: 0 or an errno value.
+static int kcmd(int fd, uint32_t command, const void *cmd, size_t len, size_t resp_len) {
+  struct ib_uverbs_cmd_hdr hdr = {.command = command,
+                                  .in_words = (uint16_t)((sizeof hdr + len) / 4),
+                                  .out_words = (uint16_t)(resp_len / 4)};
+  char buf[256];
+
+  memcpy(buf, &hdr, sizeof hdr);
+  memcpy(buf + sizeof hdr, cmd, len);
+  const ssize_t n = write(fd, buf, sizeof hdr + len);
+  return n == (ssize_t)(sizeof hdr + len) ? 0 : n < 0 ? errno : EIO;
+}
+
+static struct kctx *kopen(struct ibv_device *d) {
+  struct kctx *k = calloc(1, sizeof *k);
+  char path[128];
+  struct {
+    struct ib_uverbs_get_context_resp core;
+    struct pcientb_ucontext_resp info;
+  } r;
+  struct ib_uverbs_get_context gc = {.response = (uintptr_t)&r};
+  struct ib_uverbs_alloc_pd_resp pr;
+  struct ib_uverbs_alloc_pd ap = {.response = (uintptr_t)&pr};
+  int err;
+
+  if (!k) return NULL;
+  k->name = ibv_get_device_name(d);
+  snprintf(path, sizeof path, "/dev/infiniband/%s", d->dev_name);
+  k->cmd_fd = open(path, O_RDWR | O_CLOEXEC);
+  k->async_fd = -1;
+  memset(&r, 0, sizeof r);
+  err = k->cmd_fd < 0 ? errno
+                      : kcmd(k->cmd_fd, IB_USER_VERBS_CMD_GET_CONTEXT, &gc, sizeof gc, sizeof r);
+  if (!err) {
+    k->async_fd = (int)r.core.async_fd;
+    k->info = r.info;
+    err = kcmd(k->cmd_fd, IB_USER_VERBS_CMD_ALLOC_PD, &ap, sizeof ap, sizeof pr);
+    k->pd = pr.pd_handle;
+  }
+  if (err) {
+    if (k->cmd_fd >= 0) close(k->cmd_fd);
+    if (k->async_fd >= 0) close(k->async_fd);
+    free(k);
+    errno = err;
+    return NULL;
+  }
+  return k;
+}
+
+static void kclose(struct kctx *k) {
+  close(k->async_fd);
+  close(k->cmd_fd);
+  free(k);
+}
+
+static struct kmr *kreg_mr(struct kctx *k, void *addr, size_t len, int access) {
+  struct ib_uverbs_reg_mr_resp r;
+  struct ib_uverbs_reg_mr cmd = {.response = (uintptr_t)&r,
+                                 .start = (uintptr_t)addr,
+                                 .length = len,
+                                 .hca_va = (uintptr_t)addr,
+                                 .pd_handle = k->pd,
+                                 .access_flags = (uint32_t)access};
+  struct kmr *mr = calloc(1, sizeof *mr);
+  int err = mr ? kcmd(k->cmd_fd, IB_USER_VERBS_CMD_REG_MR, &cmd, sizeof cmd, sizeof r) : ENOMEM;
+
+  if (err) {
+    free(mr);
+    errno = err;
+    return NULL;
+  }
+  *mr = (struct kmr){k, r.mr_handle, r.lkey, r.rkey, addr, len};
+  return mr;
+}
+
+static int kdereg_mr(struct kmr *mr) {
+  struct ib_uverbs_dereg_mr cmd = {.mr_handle = mr->handle};
+  int err = kcmd(mr->ctx->cmd_fd, IB_USER_VERBS_CMD_DEREG_MR, &cmd, sizeof cmd, 0);
+
+  if (!err) free(mr);
+  return err;
+}
+
+static int kdealloc_pd(struct kctx *k) {
+  struct ib_uverbs_dealloc_pd cmd = {.pd_handle = k->pd};
+  return kcmd(k->cmd_fd, IB_USER_VERBS_CMD_DEALLOC_PD, &cmd, sizeof cmd, 0);
+}
+
 // A registration that must fail with `want`.
-static void check_refused(struct ibv_pd *pd, void *addr, size_t len, int access, int want,
+static void check_refused(struct kctx *pd, void *addr, size_t len, int access, int want,
                           const char *what) {
-  struct ibv_mr *mr;
+  struct kmr *mr;
 
   errno = 0;
-  mr = ibv_reg_mr(pd, addr, len, access);
+  mr = kreg_mr(pd, addr, len, access);
   if (mr) {
-    printf("FAIL %s: %s was registered\n", ibv_get_device_name(pd->context->device), what);
+    printf("FAIL %s: %s was registered\n", pd->name, what);
     failures++;
-    ibv_dereg_mr(mr);
+    kdereg_mr(mr);
   } else if (errno != want) {
-    printf("FAIL %s: %s: %s, expected %s\n", ibv_get_device_name(pd->context->device), what,
-           strerror(errno), strerror(want));
+    printf("FAIL %s: %s: %s, expected %s\n", pd->name, what, strerror(errno), strerror(want));
     failures++;
   }
 }
@@ -91,23 +198,26 @@ static void check_refused(struct ibv_pd *pd, void *addr, size_t len, int access,
 // closes), its lkey = rkey is a key of its own (one kept after deregistration names no
 // later region), read-only memory registers for remote reads, and what cannot be
 // registered is refused with the errno a user expects.
-static void check_mrs(struct ibv_device *d, struct ibv_pd *pd) {
+static void check_mrs(struct ibv_device *d) {
   const char *name = ibv_get_device_name(d);
   const size_t len = 1 << 20;
   const long base = pinned_kib();
   char *buf = malloc(len);
-  struct ibv_mr *a, *b, *c;
+  struct kctx *pd = kopen(d);
+  struct kmr *a, *b, *c;
 
-  if (!buf || base < 0) {
-    fail(name, "no buffer or no VmPin in /proc/self/status", errno);
+  if (!buf || !pd || base < 0) {
+    fail(name, "a context, a buffer and VmPin in /proc/self/status", errno);
     free(buf);
+    if (pd) kclose(pd);
     return;
   }
   memset(buf, 1, len);
-  a = ibv_reg_mr(pd, buf, len, ALL_RIGHTS);
+  a = kreg_mr(pd, buf, len, ALL_RIGHTS);
   if (!a) {
-    fail(name, "ibv_reg_mr of 1 MiB", errno);
+    fail(name, "registering of 1 MiB", errno);
     free(buf);
+    kclose(pd);
     return;
   }
   if (a->lkey != a->rkey || a->lkey < 256 || a->addr != buf || a->length != len) {
@@ -119,34 +229,34 @@ static void check_mrs(struct ibv_device *d, struct ibv_pd *pd) {
   const long pages_kib =
       (long)((((uintptr_t)buf + len + 4095) & ~4095UL) - ((uintptr_t)buf & ~4095UL)) / 1024;
   check_pinned(name, "1 MiB registered", base, pages_kib);
-  b = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
+  b = kreg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
   if (!b)
     fail(name, "a second ibv_reg_mr of the same buffer", errno);
   else if (b->lkey == a->lkey)
     fail(name, "two regions have the same key", 0);
   errno = 0;
-  if (ibv_dealloc_pd(pd) != EBUSY) fail(name, "a PD with regions was freed (EBUSY expected)", 0);
+  if (kdealloc_pd(pd) != EBUSY) fail(name, "a PD with regions was freed (EBUSY expected)", 0);
   const uint32_t old_a = a->lkey, old_b = b ? b->lkey : 0;
-  if (ibv_dereg_mr(a)) fail(name, "ibv_dereg_mr", errno);
-  if (b && ibv_dereg_mr(b)) fail(name, "ibv_dereg_mr of the second", errno);
+  if (kdereg_mr(a)) fail(name, "deregistering", errno);
+  if (b && kdereg_mr(b)) fail(name, "deregistering of the second", errno);
   check_pinned(name, "both regions deregistered", base, 0);
-  c = ibv_reg_mr(pd, buf, len, IBV_ACCESS_REMOTE_READ);
+  c = kreg_mr(pd, buf, len, IBV_ACCESS_REMOTE_READ);
   if (!c)
-    fail(name, "ibv_reg_mr after deregistration", errno);
+    fail(name, "registering after deregistration", errno);
   else if (c->lkey == old_a || c->lkey == old_b)
     fail(name, "a new region took a key that was deregistered", 0);
-  if (c) ibv_dereg_mr(c);
+  if (c) kdereg_mr(c);
 
   /* Read-only memory registers for local reads and remote reads, not for writes. */
   char *ro = mmap(NULL, 65536, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (ro == MAP_FAILED) {
     fail(name, "mmap", errno);
   } else {
-    c = ibv_reg_mr(pd, ro, 65536, IBV_ACCESS_REMOTE_READ);
+    c = kreg_mr(pd, ro, 65536, IBV_ACCESS_REMOTE_READ);
     if (!c)
-      fail(name, "ibv_reg_mr of read-only memory for remote reads", errno);
+      fail(name, "registering of read-only memory for remote reads", errno);
     else
-      ibv_dereg_mr(c);
+      kdereg_mr(c);
     check_refused(pd, ro, 65536, IBV_ACCESS_LOCAL_WRITE, EFAULT,
                   "read-only memory for local writes");
     munmap(ro, 65536);
@@ -158,14 +268,16 @@ static void check_mrs(struct ibv_device *d, struct ibv_pd *pd) {
   check_pinned(name, "after the refused registrations", base, 0);
 
   /* A context that closes with regions registered unpins them. */
-  struct ibv_context *ctx = ibv_open_device(d);
-  struct ibv_pd *pd2 = ctx ? ibv_alloc_pd(ctx) : NULL;
-  if (!pd2 || !ibv_reg_mr(pd2, buf, len, IBV_ACCESS_LOCAL_WRITE))
+  struct kctx *ctx = kopen(d);
+  struct kctx *pd2 = ctx;
+  if (!pd2 || !kreg_mr(pd2, buf, len, IBV_ACCESS_LOCAL_WRITE))
     fail(name, "a region of another context", errno);
   else
     check_pinned(name, "another context's region", base, pages_kib);
-  if (ctx) ibv_close_device(ctx);
+  if (ctx) kclose(ctx);
   check_pinned(name, "a context closed with a region", base, 0);
+  if (kdealloc_pd(pd)) fail(name, "freeing the PD", errno);
+  kclose(pd);
   free(buf);
 }
 
@@ -173,7 +285,7 @@ static void check_mrs(struct ibv_device *d, struct ibv_pd *pd) {
 // A driver method of pcientb.ko (uapi/pcientb-abi.h) issued by `ctx`, with its command
 // (`in`) and, if `out`, a response: 0 or an errno value. (An attribute of 8 bytes or less
 // travels in the attribute itself.)
-static int method(struct ibv_context *ctx, uint16_t id, const void *in, uint16_t in_len, void *out,
+static int method(struct kctx *ctx, uint16_t id, const void *in, uint16_t in_len, void *out,
                   uint16_t out_len) {
   struct {
     struct ib_uverbs_ioctl_hdr hdr;
@@ -200,7 +312,7 @@ static int method(struct ibv_context *ctx, uint16_t id, const void *in, uint16_t
   return ioctl(ctx->cmd_fd, RDMA_VERBS_IOCTL, &req) ? errno : 0;
 }
 
-static int move(struct ibv_context *ctx, uint32_t lid, uint32_t window, uint64_t raddr, void *addr,
+static int move(struct kctx *ctx, uint32_t lid, uint32_t window, uint64_t raddr, void *addr,
                 uint64_t length, uint32_t dir) {
   struct pcientb_move cmd = {.lid = lid,
                              .window = window,
@@ -219,9 +331,8 @@ static void check_move(const char *dev, const char *what, int got, int want) {
   }
 }
 
-static uint16_t lid_of(struct ibv_context *ctx) {
-  struct ibv_port_attr port;
-  return ibv_query_port(ctx, 1, &port) ? 0 : port.lid;
+static uint16_t lid_of(struct kctx *ctx) {
+  return (uint16_t)ctx->info.lid;
 }
 
 // Two nodes of one device: B writes into and reads from A's region through the kernel's
@@ -230,20 +341,20 @@ static uint16_t lid_of(struct ibv_context *ctx) {
 static void check_moves(struct ibv_device *d) {
   const char *name = ibv_get_device_name(d);
   enum { kRegion = 200000, kLen = 70000, kAt = 5000 };
-  struct ibv_context *a = ibv_open_device(d), *b = ibv_open_device(d);
-  struct ibv_pd *pa = a ? ibv_alloc_pd(a) : NULL;
+  struct kctx *a = kopen(d), *b = kopen(d);
+  struct kctx *pa = a;
   char *abuf = calloc(1, kRegion + 100), *region = abuf + 100;  // not page-aligned
   char *rbuf = calloc(1, 4096), *src = malloc(kLen), *dst = malloc(kLen);
-  struct ibv_mr *mr = NULL, *ro = NULL;
+  struct kmr *mr = NULL, *ro = NULL;
   int i;
 
   if (!b || !pa || !abuf || !rbuf || !src || !dst) {
     fail(name, "two contexts, a PD and buffers", errno);
     goto out;
   }
-  mr = ibv_reg_mr(pa, region, kRegion,
-                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-  ro = ibv_reg_mr(pa, rbuf, 4096, IBV_ACCESS_REMOTE_READ);
+  mr = kreg_mr(pa, region, kRegion,
+               IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  ro = kreg_mr(pa, rbuf, 4096, IBV_ACCESS_REMOTE_READ);
   if (!mr || !ro) {
     fail(name, "regions for the moves", errno);
     goto out;
@@ -275,39 +386,38 @@ static void check_moves(struct ibv_device *d) {
   if (rbuf[0] != 0x5a) fail(name, "a refused move changed the region", 0);
 
   const uint32_t key = mr->rkey;
-  if (ibv_dereg_mr(mr)) fail(name, "ibv_dereg_mr", errno);
+  if (kdereg_mr(mr)) fail(name, "deregistering", errno);
   mr = NULL;
   check_move(name, "into a deregistered region", move(b, la, key, base, src, 8, 0), ENOENT);
   const uint32_t ro_key = ro->rkey;
-  ibv_close_device(a);  // its regions go with it
+  kclose(a);  // its regions go with it
   a = NULL;
   ro = NULL;
   check_move(name, "out of a closed node's region", move(b, la, ro_key, (uintptr_t)rbuf, dst, 8, 1),
              ENOENT);
 out:
-  if (mr) ibv_dereg_mr(mr);
-  if (ro) ibv_dereg_mr(ro);
-  if (pa && a) ibv_dealloc_pd(pa);
-  if (a) ibv_close_device(a);
-  if (b) ibv_close_device(b);
+  if (mr) kdereg_mr(mr);
+  if (ro) kdereg_mr(ro);
+  if (a) kclose(a);
+  if (b) kclose(b);
   free(abuf);
   free(rbuf);
   free(src);
   free(dst);
 }
 
-static int ring(struct ibv_context *ctx, uint32_t lid) {
+static int ring(struct kctx *ctx, uint32_t lid) {
   struct pcientb_ring cmd = {.lid = lid};
   return method(ctx, PCIENTB_METHOD_RING, &cmd, sizeof cmd, NULL, 0);
 }
 
-static int set_doorbell(struct ibv_context *ctx, int fd) {
+static int set_doorbell(struct kctx *ctx, int fd) {
   struct pcientb_doorbell cmd = {.fd = fd};
   return method(ctx, PCIENTB_METHOD_DOORBELL, &cmd, sizeof cmd, NULL, 0);
 }
 
 // A watcher of node `lid` of incarnation `nonce` (-1 and errno on failure).
-static int watch(struct ibv_context *ctx, uint32_t lid, uint64_t nonce) {
+static int watch(struct kctx *ctx, uint32_t lid, uint64_t nonce) {
   struct pcientb_watch cmd = {.lid = lid, .nonce = nonce};
   struct pcientb_watch_resp resp = {.fd = -1};
   int err = method(ctx, PCIENTB_METHOD_WATCH, &cmd, sizeof cmd, &resp, sizeof resp);
@@ -328,7 +438,7 @@ static int readable(int fd, int ms) {
   return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
 }
 
-static void *map(struct ibv_context *ctx, size_t len, int prot, int flags, unsigned long page) {
+static void *map(struct kctx *ctx, size_t len, int prot, int flags, unsigned long page) {
   return mmap(NULL, len, prot, flags, ctx->cmd_fd, (off_t)(page * 4096));
 }
 
@@ -349,7 +459,7 @@ static void check_map_refused(const char *dev, const char *what, void *p, int wa
 static void check_nodes(struct ibv_device *d) {
   const char *name = ibv_get_device_name(d);
   const size_t len = 1 << 20;
-  struct ibv_context *a = ibv_open_device(d), *b = ibv_open_device(d);
+  struct kctx *a = kopen(d), *b = kopen(d);
   const struct pcientb_node_entry *table = MAP_FAILED;
   char *own = MAP_FAILED, *peer = MAP_FAILED;
   int efd = eventfd(0, EFD_NONBLOCK), w = -1, w_old = -1;
@@ -428,7 +538,7 @@ static void check_nodes(struct ibv_device *d) {
   usleep(200 * 1000);
   munmap(own, len);
   own = MAP_FAILED;
-  ibv_close_device(a);
+  kclose(a);
   a = NULL;
   int status = -1;
   if (waiter < 0 || waitpid(waiter, &status, 0) != waiter || status != 0)
@@ -445,8 +555,8 @@ out:
   if (own != MAP_FAILED) munmap(own, len);
   if (peer != MAP_FAILED) munmap(peer, len);
   if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
-  if (a) ibv_close_device(a);
-  if (b) ibv_close_device(b);
+  if (a) kclose(a);
+  if (b) kclose(b);
 }
 
 // The half of the LID space a LID is in (its port's: 1-511 or 513-1023), -1 for none.
@@ -454,42 +564,122 @@ static int lid_half(uint16_t lid) {
   return lid && lid % 512 && lid < 1024 ? lid / 512 : -1;
 }
 
-// The LID of a new context of the device (0 if none).
-static uint16_t context_lid(struct ibv_device *d) {
-  struct ibv_context *ctx = ibv_open_device(d);
-  struct ibv_port_attr port;
-  uint16_t lid = 0;
-
-  if (!ctx) {
-    fail(ibv_get_device_name(d), "another ibv_open_device", errno);
-    return 0;
-  }
-  if (ibv_query_port(ctx, 1, &port))
-    fail(ibv_get_device_name(d), "ibv_query_port of another context", errno);
-  else
-    lid = port.lid;
-  ibv_close_device(ctx);
-  return lid;
-}
-
-// Another context of the device, open meanwhile, is another node of the same half; its LID
-// is free again once it closed (the kernel hands out the lowest free one).
-static void check_second_context(struct ibv_device *d, uint16_t lid) {
+// Each context of pcientb.ko is a node: another context of the device, open meanwhile,
+// is another LID of the same half; a LID is free again once its context closed (the
+// kernel hands out the lowest free one).
+static void check_lids(struct ibv_device *d) {
   const char *name = ibv_get_device_name(d);
-  const uint16_t second = context_lid(d);
-  if (second == lid || lid_half(second) != lid_half(lid)) {
-    printf("FAIL %s: two contexts have LIDs %u and %u (distinct, same half expected)\n", name, lid,
-           second);
+  struct kctx *a = kopen(d), *b = kopen(d);
+
+  if (!a || !b) {
+    fail(name, "two contexts of pcientb.ko", errno);
+  } else if (a->info.lid == b->info.lid || lid_half(a->info.lid) < 0 ||
+             lid_half(a->info.lid) != lid_half(b->info.lid) || a->info.nonce == b->info.nonce) {
+    printf("FAIL %s: two contexts have LIDs %u and %u (distinct, same half expected)\n", name,
+           a->info.lid, b->info.lid);
     failures++;
+  } else {
+    const uint32_t freed = b->info.lid;
+    kclose(b);
+    b = kopen(d);
+    if (!b || b->info.lid != freed) {
+      printf("FAIL %s: a context closed with LID %u, the next one got %u (a LID not freed?)\n",
+             name, freed, b ? b->info.lid : 0);
+      failures++;
+    }
   }
-  const uint16_t third = context_lid(d);
-  if (second && third != second) {
-    printf("FAIL %s: a context closed with LID %u, the next one got %u (a LID not freed?)\n", name,
-           second, third);
-    failures++;
-  }
+  if (a) kclose(a);
+  if (b) kclose(b);
 }
 
+// One work request on `qp`, completed on `cq` within 5 s: 0 or a failure described.
+static const char *run_wr(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_send_wr *wr) {
+  struct ibv_send_wr *bad;
+  struct ibv_wc wc;
+  const double end = now() + 5;
+  int n = 0;
+
+  if (ibv_post_send(qp, wr, &bad)) return "ibv_post_send";
+  while ((n = ibv_poll_cq(cq, 1, &wc)) == 0 && now() < end) usleep(100);
+  if (n != 1) return "no completion within 5 s";
+  return wc.status == IBV_WC_SUCCESS ? NULL : ibv_wc_status_str(wc.status);
+}
+
+// The data path through the provider's engine over the kernel fabric: an RC queue pair
+// connected to itself (the node is its own peer) writes into and reads from its region.
+static void check_loopback(struct ibv_context *ctx, const char *name, uint16_t lid) {
+  enum { kSize = 65536, kLen = 4096, kAt = 32768 };
+  struct ibv_pd *pd = ibv_alloc_pd(ctx);
+  struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+  char *buf = calloc(1, kSize);
+  struct ibv_mr *mr =
+      pd && buf
+          ? ibv_reg_mr(pd, buf, kSize,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+          : NULL;
+  struct ibv_qp_init_attr ia = {
+      .send_cq = cq,
+      .recv_cq = cq,
+      .qp_type = IBV_QPT_RC,
+      .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+  struct ibv_qp *qp = mr && cq ? ibv_create_qp(pd, &ia) : NULL;
+  const char *why = NULL;
+  int i;
+
+  if (!qp) {
+    fail(name, "a PD, a CQ, a region and an RC QP", errno);
+    goto out;
+  }
+  struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT,
+                             .port_num = 1,
+                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+  struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = IBV_MTU_4096,
+                            .dest_qp_num = qp->qp_num,
+                            .max_dest_rd_atomic = 1,
+                            .min_rnr_timer = 12,
+                            .ah_attr = {.dlid = lid, .port_num = 1}};
+  struct ibv_qp_attr rts = {
+      .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1};
+  if (ibv_modify_qp(qp, &init,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ||
+      ibv_modify_qp(qp, &rtr,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) ||
+      ibv_modify_qp(qp, &rts,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
+    fail(name, "connecting the QP to itself", errno);
+    goto out;
+  }
+  for (i = 0; i < kLen; i++) buf[i] = (char)(i * 7 + 3);
+  struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = kLen, .lkey = mr->lkey};
+  struct ibv_send_wr wr = {.sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE,
+                           .send_flags = IBV_SEND_SIGNALED,
+                           .wr.rdma = {.remote_addr = (uintptr_t)buf + kAt, .rkey = mr->rkey}};
+  if ((why = run_wr(qp, cq, &wr)) || memcmp(buf + kAt, buf, kLen) != 0) {
+    printf("FAIL %s: an RDMA WRITE to itself: %s\n", name, why ? why : "the bytes differ");
+    failures++;
+    goto out;
+  }
+  sge.addr = (uintptr_t)buf + 2 * kLen;
+  wr.opcode = IBV_WR_RDMA_READ;
+  if ((why = run_wr(qp, cq, &wr)) || memcmp(buf + 2 * kLen, buf, kLen) != 0) {
+    printf("FAIL %s: an RDMA READ from itself: %s\n", name, why ? why : "the bytes differ");
+    failures++;
+  }
+out:
+  if (qp) ibv_destroy_qp(qp);
+  if (mr) ibv_dereg_mr(mr);
+  if (cq) ibv_destroy_cq(cq);
+  if (pd) ibv_dealloc_pd(pd);
+  free(buf);
+}
+
+// A device as a program sees it through libibverbs: the provider's engine, on the
+// kernel fabric of the device (a process is one node); then what pcientb.ko itself does.
 static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   const char *name = ibv_get_device_name(d);
   struct ibv_context *ctx = ibv_open_device(d);
@@ -497,8 +687,6 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   struct ibv_port_attr port;
   union ibv_gid gid;
   __be16 pkey = 0;
-  struct ibv_pd *pd;
-  struct ibv_cq *cq;
   int before = failures, rc;
 
   if (!ctx) {
@@ -508,26 +696,29 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   rc = ibv_query_device(ctx, &attr);
   if (rc)
     fail(name, "ibv_query_device", rc);
-  else if (!attr.vendor_id || attr.phys_port_cnt != 1 || attr.max_pd <= 0 || attr.max_qp != 0 ||
-           attr.max_mr <= 0 || attr.max_mr_size < (1ULL << 32) || !attr.node_guid) {
+  else if (attr.phys_port_cnt != 1 || attr.max_pd <= 0 || attr.max_qp <= 0 || attr.max_mr <= 0 ||
+           !attr.node_guid || attr.node_guid != ibv_get_device_guid(d)) {
     printf(
-        "FAIL %s: device attributes: vendor %#x, %u ports, max_pd %d, max_qp %d, max_mr %d, "
-        "max_mr_size %#llx, GUID %#llx\n",
-        name, attr.vendor_id, attr.phys_port_cnt, attr.max_pd, attr.max_qp, attr.max_mr,
-        (unsigned long long)attr.max_mr_size, (unsigned long long)be64toh(attr.node_guid));
+        "FAIL %s: device attributes: %u ports, max_pd %d, max_qp %d, max_mr %d, GUID %#llx "
+        "(the module's %#llx)\n",
+        name, attr.phys_port_cnt, attr.max_pd, attr.max_qp, attr.max_mr,
+        (unsigned long long)be64toh(attr.node_guid),
+        (unsigned long long)be64toh(ibv_get_device_guid(d)));
     failures++;
   }
   *guid = attr.node_guid;
   rc = ibv_query_port(ctx, 1, &port);
-  if (rc)
-    fail(name, "ibv_query_port", rc);
-  else if (port.state != IBV_PORT_ACTIVE || port.link_layer != IBV_LINK_LAYER_INFINIBAND ||
-           port.active_mtu != IBV_MTU_4096 || port.gid_tbl_len != 1 || lid_half(port.lid) < 0)
-    fail(name, "port attributes (ACTIVE, InfiniBand, MTU 4096, one GID, a LID)", 0);
-  else
-    check_second_context(d, port.lid);
+  if (rc || port.state != IBV_PORT_ACTIVE || port.link_layer != IBV_LINK_LAYER_INFINIBAND ||
+      lid_half(port.lid) < 0)
+    fail(name, "port attributes (ACTIVE, InfiniBand, a LID)", rc);
   *half = rc ? -1 : lid_half(port.lid);
   const uint16_t lid = rc ? 0 : port.lid;
+  // Another context of this process is the same node.
+  struct ibv_context *again = ibv_open_device(d);
+  struct ibv_port_attr port2;
+  if (!again || ibv_query_port(again, 1, &port2) || port2.lid != lid)
+    fail(name, "a second context of the process is another node", 0);
+  if (again) ibv_close_device(again);
   if (ibv_query_port(ctx, 2, &port) == 0) fail(name, "port 2 answered", 0);
   rc = ibv_query_gid(ctx, 1, 0, &gid);
   if (rc)
@@ -537,28 +728,17 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
     fail(name, "GID 0 is not fe80::<node GUID>", 0);
   rc = ibv_query_pkey(ctx, 1, 0, &pkey);
   if (rc || be16toh(pkey) != 0xffff) fail(name, "P_Key 0 is not 0xffff", rc ? errno : 0);
-  pd = ibv_alloc_pd(ctx);
-  if (!pd) {
-    fail(name, "ibv_alloc_pd", errno);
-  } else {
-    check_mrs(d, pd);
-    check_moves(d);
-    check_nodes(d);
-    if ((rc = ibv_dealloc_pd(pd))) fail(name, "ibv_dealloc_pd", rc);
-  }
-  errno = 0;
-  cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-  if (cq) {
-    fail(name, "a CQ was created (the kernel device has no data path yet)", 0);
-    ibv_destroy_cq(cq);
-  } else if (errno != EOPNOTSUPP) {
-    fail(name, "ibv_create_cq did not fail with EOPNOTSUPP", errno);
-  }
+  check_loopback(ctx, name, lid);
+  check_lids(d);
+  check_mrs(d);
+  check_moves(d);
+  check_nodes(d);
   rc = ibv_close_device(ctx);
   if (rc) fail(name, "ibv_close_device", errno);
   if (failures == before)
     printf(
-        "device %s ok guid %016llx lid %u port ACTIVE pd ok mr ok move ok nodes ok cq EOPNOTSUPP\n",
+        "device %s ok guid %016llx lid %u port ACTIVE loopback ok lids ok mr ok move ok "
+        "nodes ok\n",
         name, (unsigned long long)be64toh(attr.node_guid), lid);
   return failures == before ? 0 : -1;
 }

@@ -82,7 +82,7 @@ std::shared_ptr<Node> Node::acquire(const char *fabric_name, int *err) {
   if (auto n = nodes[fabric_name].lock(); n && n->pid_ == getpid()) return n;
   std::shared_ptr<Node> n(new Node());
   n->pid_ = getpid();
-  n->fab_ = fabric::backend().open(fabric_name, kAreaLayout, err);
+  n->fab_ = fabric::backend_for(fabric_name).open(fabric_name, kAreaLayout, err);
   if (!n->fab_) return nullptr;
   n->root_ = static_cast<AreaRoot *>(n->fab_->area());
   n->root_->magic = kAreaMagic;
@@ -430,12 +430,30 @@ void Node::on_peer_death(fabric::Peer *peer) {
   peer->mark_dead();
 }
 
+// What the device under the fabric reports reaches every context, as an
+// HCA's async events: the port going down or up, the device going away (the
+// node is lost then: its membership is not asked again).
+void Node::on_device_events() {
+  for (int e; (e = fab_->device_event()) >= 0;) {
+    const auto type = static_cast<ibv_event_type>(e);
+    std::lock_guard<std::mutex> g(prog_mu_);
+    if (type == IBV_EVENT_DEVICE_FATAL) {
+      if (lost_) continue;
+      lost_ = true;
+    }
+    const uint64_t element = type == IBV_EVENT_DEVICE_FATAL ? 0 : 1;  // the port
+    for (Context *c : contexts_) c->raise_async(element, type);
+  }
+}
+
 void Node::progress_loop() {
+  constexpr size_t kFirstDeathFd = 3;  // after the wake, doorbell and device event fds
   std::vector<pollfd> fds;
   std::vector<fabric::Peer *> peers;
   for (;;) {
     uint64_t next = 0;
-    fds.assign({pollfd{wake_fd_, POLLIN, 0}, pollfd{fab_->doorbell_fd(), POLLIN, 0}});
+    fds.assign({pollfd{wake_fd_, POLLIN, 0}, pollfd{fab_->doorbell_fd(), POLLIN, 0},
+                pollfd{fab_->device_event_fd(), POLLIN, 0}});
     peers.clear();
     {
       std::unique_lock<std::mutex> g(prog_mu_);
@@ -501,13 +519,14 @@ void Node::progress_loop() {
       fab_->clear_doorbell();
       serve_links();
     }
+    if (fds[2].revents) on_device_events();
     service();
-    for (size_t i = 2; i < fds.size(); ++i) {
+    for (size_t i = kFirstDeathFd; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       std::lock_guard<std::mutex> g(prog_mu_);
-      on_peer_death(peers[i - 2]);
+      on_peer_death(peers[i - kFirstDeathFd]);
       std::lock_guard<std::mutex> w(watch_mu_);
-      watched_.erase(peers[i - 2]);
+      watched_.erase(peers[i - kFirstDeathFd]);
     }
   }
 }
@@ -528,8 +547,8 @@ const char *fabric_name() {
   return fabric_at_load ? fabric_at_load : "default";
 }
 
-Context *Context::open(int *err) {
-  auto node = Node::acquire(fabric_name(), err);
+Context *Context::open(int *err, const char *fabric) {
+  auto node = Node::acquire(fabric ? fabric : fabric_name(), err);
   if (!node) return nullptr;
   auto *ctx = new Context();
   ctx->node = std::move(node);

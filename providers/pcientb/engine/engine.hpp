@@ -183,6 +183,7 @@ class Node {
   uint64_t run_pending_locked();  // with prog_mu_; the next deadline, or 0
   void wake();
   void on_peer_death(fabric::Peer *peer);
+  void on_device_events();
   static void report_all_at_exit();
   static void before_fork();
   static void after_fork_in_parent();
@@ -322,7 +323,8 @@ struct Channel {
 };
 
 struct Context {
-  static Context *open(int *err);
+  // On the fabric `fabric` (fabric_name() if nullptr).
+  static Context *open(int *err, const char *fabric = nullptr);
   ~Context();
 
   int query_device(ibv_device_attr_ex *attr, size_t attr_size);

@@ -13,6 +13,10 @@ const Backend &backend() {
   return b ? *b : emu_backend();
 }
 
+const Backend &backend_for(const char *name) {
+  return kernel::is_kernel_fabric(name) ? kernel::kernel_backend() : backend();
+}
+
 void install_backend(const Backend &b) {
   installed.store(&b, std::memory_order_release);
 }

@@ -136,6 +136,12 @@ class Fabric {
   // Readable while this node's doorbell has rung since clear_doorbell().
   virtual int doorbell_fd() = 0;
   virtual void clear_doorbell() = 0;
+  // Events of the device under the fabric (pcientb.ko's port going down or
+  // up, the device going away): a descriptor readable while one is pending
+  // (-1: the backend has none), and the next one, an ibv_event_type value
+  // (-1: none pending).
+  virtual int device_event_fd() { return -1; }
+  virtual int device_event() { return -1; }
 };
 
 // A fabric seen from outside, for management tools (pcientb-stat): its nodes
@@ -180,10 +186,18 @@ struct Backend {
 // The emulated fabric (fabric/emu): processes of one machine.
 const Backend &emu_backend();
 
+// The kernel fabric (fabric/kernel): the nodes of one host over pcientb.ko,
+// named "kernel:<ib device>".
+namespace kernel {
+const Backend &kernel_backend();
+bool is_kernel_fabric(const char *name);
+}  // namespace kernel
+
 // The backend of this process: the one installed, else the emulated one.
-// (The kernel backend over pcientb.ko is to be chosen here when its device
-// is present.)
 const Backend &backend();
+// The backend of the fabric `name`: the kernel's for "kernel:<device>" (a
+// device of pcientb.ko), else backend().
+const Backend &backend_for(const char *name);
 // Installs a backend before the process first opens a fabric (tests install
 // an in-process fake). The backend must outlive every node.
 void install_backend(const Backend &b);

@@ -28,7 +28,4 @@ constexpr uint64_t kSupportedSendOps =
 // Installs the ibv_wr_* functions for the operations in send_ops_flags.
 void init_qp_ex(GlueQp *g, uint64_t send_ops_flags);
 
-// A context of a pcientb device of the kernel (pcientb.ko); kernel_device.cpp.
-verbs_context *alloc_kernel_context(ibv_device *dev, int cmd_fd);
-
 }  // namespace pcientb::glue

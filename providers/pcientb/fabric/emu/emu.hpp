@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "fabric/fabric.hpp"
+#include "fabric/work.hpp"
 
 namespace pcientb::fabric::emu {
 
@@ -112,7 +113,6 @@ void fork_parent();
 void fork_child();
 // peers.cpp
 uint64_t mono_ns();
-Work work_done();
 
 class EmuFabric;
 

@@ -19,52 +19,10 @@
 #include "bulk_copy.hpp"
 #include "fabric/emu/emu.hpp"
 #include "fabric/emu/kernel_vm.hpp"
+#include "fabric/work.hpp"
 
 namespace pcientb::fabric::emu {
 namespace {
-
-// Work counts, per thread (no locked instruction on the data path), summed
-// when asked; a thread's slot outlives it.
-enum WorkKind {
-  kPosts,
-  kPostBytes,
-  kDoorbells,
-  kDmaWrites,
-  kDmaWriteBytes,
-  kDmaReads,
-  kDmaReadBytes,
-  kRemoteReads
-};
-constexpr int kWorkKinds = kRemoteReads + 1;
-struct WorkSlot {
-  std::atomic<uint64_t> v[kWorkKinds] = {};
-};
-// Never destroyed: threads may count while the process exits, and a leak
-// checker sees the slots reachable.
-std::mutex &work_mu = *new std::mutex;
-std::vector<WorkSlot *> &work_slots = *new std::vector<WorkSlot *>;
-
-// One operation of kind k (kPosts, kDoorbells, kDmaWrites, kDmaReads,
-// kRemoteReads) and, for those with bytes, its bytes (the kind after it).
-thread_local WorkSlot *work_slot __attribute__((tls_model("initial-exec"))) = nullptr;
-
-// A thread's first count: out of line, so that a count is a few instructions.
-__attribute__((noinline)) WorkSlot *new_work_slot() {
-  work_slot = new WorkSlot;
-  std::lock_guard<std::mutex> g(work_mu);
-  work_slots.push_back(work_slot);
-  return work_slot;
-}
-
-inline void count(WorkKind k, uint64_t bytes = 0) {
-  WorkSlot *slot = work_slot;
-  if (__builtin_expect(!slot, 0)) slot = new_work_slot();
-  auto add = [](std::atomic<uint64_t> &v, uint64_t n) {
-    v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  };
-  add(slot->v[k], 1);
-  if (k == kPosts || k == kDmaWrites || k == kDmaReads) add(slot->v[k + 1], bytes);
-}
 
 // The bytes of an RDMA WRITE land once each, the last ones last, as an HCA's
 // DMA writes them: programs poll the last byte of a buffer for the arrival of
@@ -91,15 +49,6 @@ void ordered_copy(void *dst, const void *src, size_t n) {
 }
 
 }  // namespace
-
-Work work_done() {
-  uint64_t v[kWorkKinds] = {};
-  std::lock_guard<std::mutex> g(work_mu);
-  for (const WorkSlot *s : work_slots)
-    for (int k = 0; k < kWorkKinds; ++k) v[k] += s->v[k].load(std::memory_order_relaxed);
-  return Work{v[kPosts],         v[kPostBytes], v[kDoorbells],    v[kDmaWrites],
-              v[kDmaWriteBytes], v[kDmaReads],  v[kDmaReadBytes], v[kRemoteReads]};
-}
 
 uint64_t mono_ns() {
   timespec ts{};
@@ -326,36 +275,7 @@ int EmuFabric::post(Peer &pp, size_t off, const void *src, size_t len) {
   auto &p = static_cast<EmuPeer &>(pp);
   if (off > kAreaSize || len > kAreaSize - off) return EFAULT;
   count(kPosts, len);
-  auto *dst = static_cast<uint8_t *>(p.area()) + off;
-  auto *from = static_cast<const uint8_t *>(src);
-  // Each store a release (a plain store on x86): a post lands after the posts
-  // before it, as the reader's acquire of a seq or key sees (and as TSan can
-  // follow, which a fence before relaxed stores hides from it).
-  // Aligned words are stored whole: they are what a reader checks. A post may
-  // start mid-word (a record's body after its seq): up to the first aligned
-  // word it goes by 4-byte word or byte, then a word at a time.
-  size_t i = 0;
-  auto word32 = [&] {
-    uint32_t v;
-    memcpy(&v, from + i, 4);
-    __atomic_store_n(reinterpret_cast<uint32_t *>(dst + i), v, __ATOMIC_RELEASE);
-    i += 4;
-  };
-  while (i < len && (reinterpret_cast<uintptr_t>(dst + i) & 7)) {
-    if ((reinterpret_cast<uintptr_t>(dst + i) & 3) == 0 && i + 4 <= len) {
-      word32();
-    } else {
-      __atomic_store_n(dst + i, from[i], __ATOMIC_RELEASE);
-      ++i;
-    }
-  }
-  for (; i + 8 <= len; i += 8) {
-    uint64_t v;
-    memcpy(&v, from + i, 8);
-    __atomic_store_n(reinterpret_cast<uint64_t *>(dst + i), v, __ATOMIC_RELEASE);
-  }
-  if (i + 4 <= len) word32();
-  for (; i < len; ++i) __atomic_store_n(dst + i, from[i], __ATOMIC_RELEASE);
+  store_posted(static_cast<uint8_t *>(p.area()) + off, src, len);
   return 0;
 }
 

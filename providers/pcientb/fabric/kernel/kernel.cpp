@@ -1,0 +1,337 @@
+// The kernel fabric: the engine over pcientb.ko, for the nodes of one host
+// (docs/kernel.md). The node is a uverbs context of its own on the device's
+// uverbs fd (GET_CONTEXT gives its LID, nonce and area size); its area, its
+// peers' areas and the node table are mappings of that fd; doorbells,
+// watchers and one-sided moves are the module's driver methods; windows are
+// memory regions of the module (pinned, keyed: a window's id is its key).
+// Peers are not masked from ringing yet: every doorbell is a system call.
+#include <dirent.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.hpp"
+#include "fabric/kernel/uverbs.hpp"
+#include "fabric/work.hpp"
+
+namespace pcientb::fabric::kernel {
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr const char kPrefix[] = "kernel:";
+
+class KernelPeer final : public Peer {
+ public:
+  KernelPeer(uint16_t lid, uint64_t nonce, const std::atomic<uint32_t> *life, uint32_t value,
+             uint8_t *area, size_t area_size, bool self)
+      : area(area), area_size(area_size), self(self) {
+    lid_ = lid;
+    nonce_ = nonce;
+    life_ = life;
+    life_value_ = value;
+  }
+  ~KernelPeer() override {
+    if (!self && area) munmap(area, area_size);
+    if (watch_fd >= 0) close(watch_fd);
+  }
+  uint8_t *const area;  // the peer's area as mapped here: only post() writes it
+  const size_t area_size;
+  const bool self;
+  int watch_fd = -1;  // under the fabric's peers_mu_
+};
+
+class KernelFabric final : public Fabric {
+ public:
+  ~KernelFabric() override;
+  int open(const char *name);
+
+  uint16_t lid() const override { return static_cast<uint16_t>(info_.lid); }
+  uint64_t nonce() const override { return info_.nonce; }
+  uint64_t node_guid() const override { return guid_; }
+  const char *name() const override { return name_.c_str(); }
+  void *area() override { return area_; }
+  size_t area_size() const override { return info_.area_size; }
+  void discard(size_t off, size_t len) override { madvise(area_ + off, len, MADV_REMOVE); }
+
+  bool member() override {
+    ib_uverbs_query_port_resp r{};
+    ib_uverbs_query_port cmd{};
+    cmd.response = response_at(&r);
+    cmd.port_num = 1;
+    return execute(fd_, IB_USER_VERBS_CMD_QUERY_PORT, cmd, sizeof r) == 0;
+  }
+  Peer *peer(uint16_t lid) override;
+  bool check_alive(Peer &p) override { return p.live(); }
+  int death_fd(Peer &p) override;
+
+  int expose(void *addr, size_t len, WindowId *out) override;
+  void unexpose(WindowId id) override;
+  MoveStatus write(Peer &p, WindowId w, uint64_t raddr, const void *src, size_t len) override {
+    count(kDmaWrites, len);
+    return move(p, w, raddr, const_cast<void *>(src), len, PCIENTB_MOVE_WRITE);
+  }
+  MoveStatus read(Peer &p, WindowId w, uint64_t raddr, void *dst, size_t len) override {
+    count(kDmaReads, len);
+    return move(p, w, raddr, dst, len, PCIENTB_MOVE_READ);
+  }
+  int post(Peer &pp, size_t off, const void *src, size_t len) override {
+    auto &p = static_cast<KernelPeer &>(pp);
+    if (off > p.area_size || len > p.area_size - off) return EFAULT;
+    count(kPosts, len);
+    store_posted(p.area + off, src, len);
+    return 0;
+  }
+  void doorbell(Peer &p, bool) override {
+    pcientb_ring cmd{};
+    cmd.lid = p.lid();
+    count(kDoorbells);
+    method(fd_, PCIENTB_METHOD_RING, cmd);  // ENOENT: it is gone, and will be found so
+  }
+  void polling() override {}
+  uint64_t quiet_until_ns() override { return 0; }
+  void not_polling() override {}
+  Work work() const override { return work_done(); }
+  int device_event_fd() override { return event_fd_; }
+  int device_event() override {
+    ib_uverbs_async_event_desc e{};
+    if (::read(event_fd_, &e, sizeof e) != sizeof e) return -1;
+    return static_cast<int>(e.event_type);  // ibv_event_type's values are the kernel's
+  }
+  int doorbell_fd() override { return bell_fd_; }
+  void clear_doorbell() override {
+    uint64_t v;
+    while (::read(bell_fd_, &v, sizeof v) > 0) {
+    }
+  }
+
+ private:
+  MoveStatus move(Peer &p, WindowId w, uint64_t raddr, void *local, size_t len, uint32_t dir);
+
+  std::string name_;
+  int fd_ = -1;
+  int event_fd_ = -1;  // the kernel context's async events
+  int bell_fd_ = -1;
+  pcientb_ucontext_resp info_{};
+  uint64_t guid_ = 0;
+  uint32_t pd_ = 0;
+  uint8_t *area_ = nullptr;
+  const pcientb_node_entry *table_ = nullptr;
+  size_t table_bytes_ = 0;
+
+  std::mutex peers_mu_;
+  std::vector<std::unique_ptr<KernelPeer>> peers_;    // by LID
+  std::vector<std::unique_ptr<KernelPeer>> retired_;  // dead peers' mappings, kept until we go
+
+  std::mutex windows_mu_;
+  std::map<uint32_t, uint32_t> windows_;  // key -> the MR's handle
+};
+
+// The uverbs device node of the ib_device `ibdev` (/dev/infiniband/uverbsN).
+std::string uverbs_path(const std::string &ibdev) {
+  std::string found;
+  DIR *d = opendir("/sys/class/infiniband_verbs");
+  while (dirent *e = d ? readdir(d) : nullptr) {
+    if (strncmp(e->d_name, "uverbs", 6) != 0) continue;
+    char name[64] = {};
+    std::string p = std::string("/sys/class/infiniband_verbs/") + e->d_name + "/ibdev";
+    if (FILE *f = fopen(p.c_str(), "re")) {
+      if (fgets(name, sizeof name, f)) name[strcspn(name, "\n")] = 0;
+      fclose(f);
+    }
+    if (ibdev == name) found = std::string("/dev/infiniband/") + e->d_name;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+int KernelFabric::open(const char *name) {
+  name_ = name;
+  const std::string path = uverbs_path(name_.substr(sizeof kPrefix - 1));
+  if (path.empty()) return ENODEV;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd_ < 0) return errno;
+  alignas(8) unsigned char r[sizeof(ib_uverbs_get_context_resp) + sizeof info_] = {};
+  ib_uverbs_get_context gc{};
+  gc.response = response_at(r);
+  if (int err = execute(fd_, IB_USER_VERBS_CMD_GET_CONTEXT, gc, sizeof r)) return err;
+  ib_uverbs_get_context_resp core{};
+  memcpy(&core, r, sizeof core);
+  memcpy(&info_, r + sizeof core, sizeof info_);  // the driver data follow the core answer
+  event_fd_ = static_cast<int>(core.async_fd);    // the port's and the device's events
+  fcntl(event_fd_, F_SETFL, fcntl(event_fd_, F_GETFL) | O_NONBLOCK);
+  if (info_.magic != PCIENTB_UCONTEXT_MAGIC || info_.abi_version != PCIENTB_UVERBS_ABI_VERSION)
+    return EPROTO;
+  ib_uverbs_query_device_resp dev{};
+  ib_uverbs_query_device qd{};
+  qd.response = response_at(&dev);
+  if (int err = execute(fd_, IB_USER_VERBS_CMD_QUERY_DEVICE, qd, sizeof dev)) return err;
+  guid_ = be64toh(dev.node_guid);
+  ib_uverbs_alloc_pd_resp pd{};
+  ib_uverbs_alloc_pd ap{};
+  ap.response = response_at(&pd);
+  if (int err = execute(fd_, IB_USER_VERBS_CMD_ALLOC_PD, ap, sizeof pd)) return err;
+  pd_ = pd.pd_handle;
+  void *a = mmap(nullptr, info_.area_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
+                 PCIENTB_MMAP_AREA * kPage);
+  if (a == MAP_FAILED) return errno;
+  area_ = static_cast<uint8_t *>(a);
+  table_bytes_ = (info_.table_entries * sizeof(pcientb_node_entry) + kPage - 1) & ~(kPage - 1);
+  void *t = mmap(nullptr, table_bytes_, PROT_READ, MAP_SHARED, fd_, PCIENTB_MMAP_TABLE * kPage);
+  if (t == MAP_FAILED) return errno;
+  table_ = static_cast<const pcientb_node_entry *>(t);
+  peers_.resize(info_.table_entries);
+  bell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (bell_fd_ < 0) return errno;
+  pcientb_doorbell db{};
+  db.fd = bell_fd_;
+  return method(fd_, PCIENTB_METHOD_DOORBELL, db);
+}
+
+KernelFabric::~KernelFabric() {
+  peers_.clear();
+  retired_.clear();
+  if (table_) munmap(const_cast<pcientb_node_entry *>(table_), table_bytes_);
+  if (area_) munmap(area_, info_.area_size);
+  if (bell_fd_ >= 0) close(bell_fd_);
+  if (event_fd_ >= 0) close(event_fd_);
+  if (fd_ >= 0) close(fd_);  // the node goes: the module tells its peers
+}
+
+Peer *KernelFabric::peer(uint16_t lid) {
+  if (lid >= peers_.size()) return nullptr;
+  std::lock_guard<std::mutex> g(peers_mu_);
+  if (KernelPeer *p = peers_[lid].get(); p && p->live()) return p;
+  if (peers_[lid]) retired_.push_back(std::move(peers_[lid]));
+  const pcientb_node_entry &e = table_[lid];
+  auto *life = reinterpret_cast<const std::atomic<uint32_t> *>(&e.life);
+  const uint32_t value = life->load(std::memory_order_acquire);
+  const uint64_t nonce = __atomic_load_n(&e.nonce, __ATOMIC_ACQUIRE);
+  // The module writes the nonce, then the life made of it: a pair that does not
+  // match was read across another incarnation's coming or going.
+  if (!value || value != (static_cast<uint32_t>(nonce) | 1)) return nullptr;
+  const bool self = lid == info_.lid;
+  uint8_t *area = area_;
+  if (!self) {
+    void *m = mmap(nullptr, info_.area_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
+                   static_cast<off_t>(PCIENTB_MMAP_PEER(lid) * kPage));
+    if (m == MAP_FAILED) return nullptr;
+    area = static_cast<uint8_t *>(m);
+  }
+  peers_[lid] = std::make_unique<KernelPeer>(lid, nonce, life, value, area, info_.area_size, self);
+  // Mapped after another incarnation took the LID: this one is gone already.
+  if (life->load(std::memory_order_acquire) != value) peers_[lid]->mark_dead();
+  return peers_[lid].get();
+}
+
+int KernelFabric::death_fd(Peer &pp) {
+  auto &p = static_cast<KernelPeer &>(pp);
+  std::lock_guard<std::mutex> g(peers_mu_);
+  if (p.watch_fd < 0) {
+    pcientb_watch cmd{};
+    cmd.lid = p.lid();
+    cmd.nonce = p.nonce();
+    pcientb_watch_resp resp{};
+    resp.fd = -1;
+    if (method(fd_, PCIENTB_METHOD_WATCH, cmd, &resp, sizeof resp) == 0) p.watch_fd = resp.fd;
+  }
+  return p.watch_fd;
+}
+
+int KernelFabric::expose(void *addr, size_t len, WindowId *out) {
+  ib_uverbs_reg_mr_resp r{};
+  ib_uverbs_reg_mr cmd{};
+  cmd.response = response_at(&r);
+  cmd.start = reinterpret_cast<uintptr_t>(addr);
+  cmd.length = len;
+  cmd.hca_va = cmd.start;  // a window is addressed by its owner's addresses
+  cmd.pd_handle = pd_;
+  // The engine checks rights per MR; the window takes what the memory allows.
+  cmd.access_flags = IB_UVERBS_ACCESS_LOCAL_WRITE | IB_UVERBS_ACCESS_REMOTE_WRITE |
+                     IB_UVERBS_ACCESS_REMOTE_READ | IB_UVERBS_ACCESS_REMOTE_ATOMIC;
+  int err = execute(fd_, IB_USER_VERBS_CMD_REG_MR, cmd, sizeof r);
+  if (err == EFAULT) {  // read-only memory: readable through the window only
+    cmd.access_flags = IB_UVERBS_ACCESS_REMOTE_READ;
+    err = execute(fd_, IB_USER_VERBS_CMD_REG_MR, cmd, sizeof r);
+  }
+  if (err) return err;
+  out->index = r.rkey >> 8;
+  out->gen = r.rkey & 0xff;
+  std::lock_guard<std::mutex> g(windows_mu_);
+  windows_[r.rkey] = r.mr_handle;
+  return 0;
+}
+
+void KernelFabric::unexpose(WindowId id) {
+  const uint32_t key = id.index << 8 | id.gen;
+  ib_uverbs_dereg_mr cmd{};
+  {
+    std::lock_guard<std::mutex> g(windows_mu_);
+    auto it = windows_.find(key);
+    if (it == windows_.end()) return;
+    cmd.mr_handle = it->second;
+    windows_.erase(it);
+  }
+  // Returns once no move of a peer reaches the pages (the module waits for them).
+  execute(fd_, IB_USER_VERBS_CMD_DEREG_MR, cmd, 0);
+}
+
+MoveStatus KernelFabric::move(Peer &p, WindowId w, uint64_t raddr, void *local, size_t len,
+                              uint32_t dir) {
+  if (!p.live()) return MoveStatus::peer_dead;
+  pcientb_move cmd{};
+  cmd.lid = p.lid();
+  cmd.window = w.index << 8 | w.gen;
+  cmd.raddr = raddr;
+  cmd.addr = reinterpret_cast<uintptr_t>(local);
+  cmd.length = len;
+  cmd.dir = dir;
+  const int err = method(fd_, PCIENTB_METHOD_MOVE, cmd);
+  if (!err) return MoveStatus::ok;
+  return p.live() ? MoveStatus::bad_window : MoveStatus::peer_dead;
+}
+
+std::unique_ptr<Fabric> open_kernel(const char *name, uint32_t, int *err) {
+  auto f = std::make_unique<KernelFabric>();
+  if (int e = f->open(name)) {
+    *err = e;
+    return nullptr;
+  }
+  return f;
+}
+
+uint64_t no_guid() {
+  return 0;  // a kernel device's GUID is the module's (sysfs), not the backend's
+}
+
+std::vector<std::string> no_names() {
+  return {};
+}
+
+std::unique_ptr<FabricView> no_view(const char *, uint32_t, int *err) {
+  *err = EOPNOTSUPP;  // pcientb-stat reads the emulated fabric's tables only
+  return nullptr;
+}
+
+}  // namespace
+
+bool is_kernel_fabric(const char *name) {
+  return strncmp(name, kPrefix, sizeof kPrefix - 1) == 0;
+}
+
+const Backend &kernel_backend() {
+  static const Backend b{"kernel", open_kernel, no_guid, no_names, no_view};
+  return b;
+}
+
+}  // namespace pcientb::fabric::kernel
