@@ -11,7 +11,10 @@ NT window whose inbound translation covers all memory), and the host's root over
 (link, scratchpads both ways, a doorbell, 64 KiB written through the window and read in
 the peer's memory), then, in a chroot of the host's root with the provider PROVIDER_SO,
 VERBS_CHECK (verbs_check.c) over both verbs devices (each opened by the provider, queried,
-a PD, memory regions registered, pinned and unpinned, a CQ refused) and `ibv_devinfo -v`. It takes port 1's device from the driver and gives it back (port 0's
+the provider's engine on the kernel fabric: an RC QP's RDMA WRITE and READ to itself;
+pcientb.ko's own objects: LIDs, memory regions pinned and unpinned, moves, the nodes' areas,
+table, doorbells and watchers) and `ibv_devinfo -v`, then `ibv_rc_pingpong`, `ib_write_bw`
+and `ib_read_bw` between two processes on pcientb0 (setup over loopback TCP). It takes port 1's device from the driver and gives it back (port 0's
 link goes down, then up, with an event each time, and its selftest passes again), stops
 and restarts port 1's heartbeat (a peer that died without a word: down, then up); a
 program holding port 0's verbs device meanwhile receives PORT_ERR, PORT_ACTIVE, PORT_ERR,
@@ -48,6 +51,11 @@ host ibv_devinfo -v
 ip link set lo up 2>/dev/null || ifconfig lo up
 host sh -c 'ibv_rc_pingpong -d pcientb0 -n 200 -s 4096 -p 18515 >/dev/pingpong-server 2>&1 &
   sleep 1; ibv_rc_pingpong -d pcientb0 -n 200 -s 4096 -p 18515 127.0.0.1; wait; cat /dev/pingpong-server'
+# perftest's RDMA WRITE and READ: one-sided moves between the two nodes (the module's).
+for t in ib_write_bw ib_read_bw; do
+  host sh -c "$t -d pcientb0 -s 65536 -n 100 -p 18516 >/dev/null 2>&1 & sleep 1;
+    $t -d pcientb0 -s 65536 -n 100 -p 18516 127.0.0.1 2>&1 | sed 's/^/$t /'; wait"
+done
 # Link down and up: port 1's device leaves the driver and comes back.
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
@@ -135,6 +143,9 @@ def check(lines):
     moved = [v for v in verbs if re.match(r"1638400 bytes in [\d.]+ seconds", v)]
     if len(moved) != 2:
         problems.append(f"ibv_rc_pingpong over pcientb0: {len(moved)} of 2 processes finished")
+    for t in ("ib_write_bw", "ib_read_bw"):
+        if not any(re.match(rf"{t}\s+65536\s+100\s+[\d.]+\s+[\d.]+", v) for v in verbs):
+            problems.append(f"{t} over pcientb0 printed no result for 100 x 64 KiB")
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:
         problems.append("the verbs devices were not both checked, before and after")
     # ibv_devinfo itself lists both, bound to the provider (no warning above).
