@@ -12,8 +12,8 @@
  *   masks the doorbells it reports; the client clears and unmasks them.
  * - Link changes: DL_Down comes as a link error (the link side is set up again there);
  *   a link that comes up is found by polling the link status every PLX_LINK_POLL_MS.
- * - Port numbers: the two sides agree on 0 and 1 once the link is up (plx_nt_order);
- *   until then port_number answers -EAGAIN.
+ * - Port numbers: the two sides agree on 0 and 1 once the link is up (plx_nt_order), and
+ *   the link is reported up only then; meanwhile peer_port_number answers -EAGAIN.
  */
 #include <linux/module.h>
 #include <linux/pci.h>
@@ -32,12 +32,12 @@
 struct plx_port {
 	struct ntb_dev ntb;
 	struct plx_nt nt;
-	spinlock_t lock; /* window registers and the order word: against the handler's set-up */
+	spinlock_t lock; /* window registers: ops against re-initialisation in the handler */
 	struct delayed_work link_work;
 	bool link_was_up;
 	bool went_down; /* DL_Down seen by the handler, not reported yet */
 	int order; /* our NTB port number, 0 or 1; -EAGAIN until the sides agreed */
-	bool order_warned;
+	bool conflict; /* the peer holds our number too (-EBUSY): the link is not reported up */
 };
 
 static struct plx_port *to_port(struct ntb_dev *ntb)
@@ -90,9 +90,13 @@ static int plx_link_disable(struct ntb_dev *ntb)
 	return 0;
 }
 
+/*
+ * The NTB API's port number has no error: 0 until the sides agreed (the link is not
+ * reported up before), the peer's says -EAGAIN meanwhile.
+ */
 static int plx_port_number(struct ntb_dev *ntb)
 {
-	return READ_ONCE(to_port(ntb)->order);
+	return max(READ_ONCE(to_port(ntb)->order), 0);
 }
 
 static int plx_peer_port_count(struct ntb_dev *ntb)
@@ -318,30 +322,30 @@ static irqreturn_t plx_irq(int irq, void *data)
 	return db || err ? IRQ_HANDLED : IRQ_NONE;
 }
 
-/* Agrees on the port numbers with the peer, once: before clients hear of the link. */
-static void plx_order(struct plx_port *p)
+/*
+ * Agrees on the port numbers with the peer (each poll while the link is up: a conflict is
+ * seen, and ends, there). Whether the link may be reported up: only with a number that
+ * the peer does not hold too.
+ */
+static bool plx_order(struct plx_port *p)
 {
-	unsigned long flags;
-	int rc;
-
-	/* The handler's set-up after DL_Down writes our order word too. */
-	spin_lock_irqsave(&p->lock, flags);
-	rc = plx_nt_order(&p->nt);
-	spin_unlock_irqrestore(&p->lock, flags);
+	int rc = plx_nt_order(&p->nt);
 
 	if (rc >= 0 && p->order < 0) {
 		WRITE_ONCE(p->order, rc);
-		dev_info(&p->ntb.pdev->dev, "NTB port %d of the pair (serial number %016llx)\n", rc,
-			 (unsigned long long)p->nt.dsn);
+		dev_info(&p->ntb.pdev->dev, "NTB port %d of the pair\n", rc);
 	} else if (rc == -ENOTUNIQ) {
-		spin_lock_irqsave(&p->lock, flags);
 		plx_nt_order_init(&p->nt, get_random_u32()); /* the peer drew the same tag */
-		spin_unlock_irqrestore(&p->lock, flags);
-	} else if (rc == -EBUSY && !p->order_warned) {
-		p->order_warned = true;
-		dev_err(&p->ntb.pdev->dev,
-			"peer holds NTB port %d too: reload pcientb on one side\n", p->order);
 	}
+	if ((rc == -EBUSY) != p->conflict) {
+		p->conflict = rc == -EBUSY;
+		if (p->conflict)
+			dev_err(&p->ntb.pdev->dev,
+				"peer holds NTB port %d too: link down until one side reloads "
+				"pcientb\n",
+				p->order);
+	}
+	return p->order >= 0 && !p->conflict;
 }
 
 /* Reports each change of the link (up comes only from here). */
@@ -356,9 +360,7 @@ static void plx_link_work(struct work_struct *work)
 		WRITE_ONCE(p->link_was_up, false);
 		ntb_link_event(&p->ntb);
 	}
-	up = plx_link_hw_up(p, &sta);
-	if (up)
-		plx_order(p);
+	up = plx_link_hw_up(p, &sta) && plx_order(p);
 	if (up != p->link_was_up) {
 		WRITE_ONCE(p->link_was_up, up);
 		ntb_link_event(&p->ntb);
@@ -480,6 +482,7 @@ static void plx_remove(struct pci_dev *pdev)
 	spin_unlock_irqrestore(&p->lock, flags);
 	free_irq(pdev->irq, p); /* the handler no longer schedules the link work */
 	cancel_delayed_work_sync(&p->link_work);
+	plx_nt_order_clear(&p->nt); /* a peer that comes reads no number of ours */
 }
 
 static const struct pci_device_id plx_ids[] = {

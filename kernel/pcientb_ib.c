@@ -253,10 +253,12 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 		return ERR_PTR(-ENOMEM);
 	dev->ntb = ntb;
 	ida_init(&dev->lids);
-	pcientb_mem_init(dev);
+	rc = pcientb_mem_init(dev);
+	if (rc)
+		goto lids;
 	rc = pcientb_nodes_init(dev);
 	if (rc)
-		goto dealloc;
+		goto mem;
 	dev->ibdev.node_type = RDMA_NODE_IB_CA;
 	dev->ibdev.phys_port_cnt = 1;
 	dev->ibdev.num_comp_vectors = 1;
@@ -275,8 +277,9 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 
 nodes:
 	pcientb_nodes_destroy(dev);
-dealloc:
+mem:
 	pcientb_mem_destroy(dev);
+lids:
 	ida_destroy(&dev->lids);
 	ib_dealloc_device(&dev->ibdev);
 	return ERR_PTR(rc);

@@ -34,7 +34,7 @@ struct pcientb_ib {
 	void *table; /* PCIENTB_LIDS struct pcientb_node_entry, mapped read-only */
 	struct xarray mrs; /* key index -> struct pcientb_mr */
 	u32 next_mr; /* xa_alloc_cyclic's cursor */
-	atomic_t mr_key; /* its low byte: the key byte of the last registration */
+	u8 *mr_gens; /* per index: the key byte of its last registration */
 	bool active; /* what the last event said; under the NTB's ctx_lock (link events) */
 };
 
@@ -62,7 +62,7 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma);
 struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,
 				  struct ib_udata *udata);
 int pcientb_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
-void pcientb_mem_init(struct pcientb_ib *dev);
+int pcientb_mem_init(struct pcientb_ib *dev);
 void pcientb_mem_destroy(struct pcientb_ib *dev);
 
 #endif

@@ -351,8 +351,8 @@ static void fill_window(void __iomem *out, int port, size_t size)
 static int remote_show(struct seq_file *s, void *unused)
 {
 	struct pcientb_port *a = s->private;
-	int peer = ntb_peer_port_number(a->ntb, 0);
 	int before = atomic_read(&a->db_events[1]);
+	int peer;
 	void __iomem *out;
 	struct window *w;
 	size_t i;
@@ -360,6 +360,12 @@ static int remote_show(struct seq_file *s, void *unused)
 	/* A window's size follows the port's alignment, known once the link is up. */
 	if (!wait_port(a, link_up(a), PCIENTB_REMOTE_WAIT_MS)) {
 		seq_puts(s, "FAIL link: not up\n");
+		return 0;
+	}
+	/* Known once the link is up (a PEX8749 pair agrees on its numbers first). */
+	peer = ntb_peer_port_number(a->ntb, 0);
+	if (peer < 0) {
+		seq_printf(s, "FAIL link: no peer port number (%d)\n", peer);
 		return 0;
 	}
 	w = window_open(a->ntb, PCIENTB_SELFTEST_BYTES, PCIENTB_WINDOW_REMOTE);

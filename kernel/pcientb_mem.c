@@ -6,11 +6,12 @@
  * memory, against RLIMIT_MEMLOCK) and maps them for DMA by the NT function, whose
  * requester ID the peer's reads and writes carry when they come through the bridge. Its
  * lkey and rkey are index << 8 | a key byte: the index names the region in the device's
- * table, and the key byte advances with each registration, so that a key kept after
- * ibv_dereg_mr does not name whatever is registered at that index next (indexes are also
- * handed out cyclically). The access rights are the emulated device's: the four of IB and
- * relaxed ordering (the other optional bits are hints, ignored); memory windows,
- * zero-based and on-demand regions are refused.
+ * table, and the key byte is the index's generation, advanced by each registration there,
+ * so that a key kept after ibv_dereg_mr names no region for the next 255 registrations of
+ * that index (indexes are also handed out cyclically: 65535 before one comes back). The
+ * access rights are the emulated device's: the four of IB and relaxed ordering (the other
+ * optional bits and huge-page advice are hints, ignored); memory windows and zero-based
+ * regions are refused (on-demand ones uverbs refuses).
  *
  * PCIENTB_METHOD_MOVE (uapi/pcientb-abi.h) moves bytes between a caller's memory and a
  * region of a node of this host, checked here (the region is that node's, bounds,
@@ -34,7 +35,7 @@
 
 #define PCIENTB_MR_ACCESS                                                                          \
 	(IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE | IB_ACCESS_REMOTE_READ |                  \
-	 IB_ACCESS_REMOTE_ATOMIC | IB_ACCESS_OPTIONAL)
+	 IB_ACCESS_REMOTE_ATOMIC | IB_ACCESS_OPTIONAL | IB_ACCESS_HUGETLB)
 
 struct pcientb_mr {
 	struct ib_mr ibmr;
@@ -87,7 +88,7 @@ struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64
 		rc = rc == -EBUSY ? -ENOMEM : rc; /* max_mr regions exist */
 		goto release;
 	}
-	key = (u8)atomic_inc_return(&dev->mr_key);
+	key = ++dev->mr_gens[index]; /* the index is ours alone until stored */
 	mr->ibmr.lkey = index << 8 | key;
 	mr->ibmr.rkey = mr->ibmr.lkey;
 	/* uverbs sets ibmr.iova and .length once this returns: a move checks its own copy. */
@@ -200,10 +201,11 @@ const struct uapi_definition pcientb_mem_defs[] = {
 	{},
 };
 
-void pcientb_mem_init(struct pcientb_ib *dev)
+int pcientb_mem_init(struct pcientb_ib *dev)
 {
 	xa_init_flags(&dev->mrs, XA_FLAGS_ALLOC1);
-	atomic_set(&dev->mr_key, 0);
+	dev->mr_gens = kvcalloc(PCIENTB_MAX_MR, sizeof(*dev->mr_gens), GFP_KERNEL);
+	return dev->mr_gens ? 0 : -ENOMEM;
 }
 
 /* After unregistering: uverbs deregistered every region of every context. */
@@ -211,4 +213,5 @@ void pcientb_mem_destroy(struct pcientb_ib *dev)
 {
 	WARN_ON(!xa_empty(&dev->mrs));
 	xa_destroy(&dev->mrs);
+	kvfree(dev->mr_gens);
 }

@@ -41,25 +41,6 @@ static void __iomem *peer_regs(const struct plx_nt *nt)
 	return nt->mw[nt->b2b_mw].virt;
 }
 
-/* The serial number in the NT function's configuration space at `base`, 0 if none. */
-static u64 dsn_at(void __iomem *base, u32 nt)
-{
-	u32 off = PLX_CFG_EXT_CAPS;
-	int n;
-
-	/* At most the 4 KiB space's worth of capabilities: a looping list ends too. */
-	for (n = 0; n < 1024 && off >= PLX_CFG_EXT_CAPS && !(off & 3); n++) {
-		u32 hdr = plx_rd(base, nt + off);
-
-		if (!hdr || hdr == 0xffffffff)
-			return 0;
-		if ((hdr & 0xffff) == PLX_EXT_CAP_DSN)
-			return plx_rd(base, nt + off + 4) | (u64)plx_rd(base, nt + off + 8) << 32;
-		off = hdr >> 20;
-	}
-	return 0;
-}
-
 static bool is_pow2(u64 v)
 {
 	return v && !(v & (v - 1));
@@ -81,7 +62,6 @@ int plx_nt_identify(struct plx_nt *nt, void __iomem *regs, u32 nt_id)
 		nt->alut = 1; /* both NTs: 128 entries each */
 	else
 		nt->alut = (alut & (1u << nt->ntx)) ? 2 : 0;
-	nt->dsn = dsn_at(regs, nt_base(nt));
 	return 0;
 }
 
@@ -373,8 +353,14 @@ void plx_nt_peer_db_set(struct plx_nt *nt, u64 bits)
 
 void plx_nt_order_init(struct plx_nt *nt, u32 tag)
 {
-	nt->order_word = tag << PLX_ORDER_TAG_SHIFT | PLX_ORDER_MAGIC;
+	nt->order_word = (tag << PLX_ORDER_TAG_SHIFT) | PLX_ORDER_MAGIC;
 	wr_virt(nt, PLX_IF_SPAD(PLX_ORDER_SPAD), nt->order_word);
+}
+
+void plx_nt_order_clear(struct plx_nt *nt)
+{
+	nt->order_word = 0;
+	wr_virt(nt, PLX_IF_SPAD(PLX_ORDER_SPAD), 0);
 }
 
 int plx_nt_order(struct plx_nt *nt)
@@ -382,22 +368,24 @@ int plx_nt_order(struct plx_nt *nt)
 	u32 peer = plx_rd(peer_regs(nt), nt_base(nt) + PLX_IF_SPAD(PLX_ORDER_SPAD));
 	u32 mine = nt->order_word & PLX_ORDER_PORT_MASK, theirs = peer & PLX_ORDER_PORT_MASK;
 	u32 tag = nt->order_word >> PLX_ORDER_TAG_SHIFT, peer_tag = peer >> PLX_ORDER_TAG_SHIFT;
-	u64 peer_dsn;
 	int port;
 
+	/*
+	 * Ours again, each time: the handler's set-up after DL_Down may have written it as it
+	 * was before a decision.
+	 */
+	wr_virt(nt, PLX_IF_SPAD(PLX_ORDER_SPAD), nt->order_word);
 	/* A link that is down reads as ones: no magic either. */
 	if (peer == 0xffffffff || (peer & PLX_ORDER_MAGIC_MASK) != PLX_ORDER_MAGIC || theirs > 2)
 		return -EAGAIN;
 	if (mine)
 		return mine == theirs ? -EBUSY : (int)mine - 1;
-	if (theirs) {
+	if (theirs)
 		port = theirs == 1 ? 1 : 0;
-	} else {
-		peer_dsn = dsn_at(peer_regs(nt), nt_base(nt));
-		if (nt->dsn == peer_dsn && tag == peer_tag)
-			return -ENOTUNIQ;
-		port = nt->dsn != peer_dsn ? nt->dsn > peer_dsn : tag > peer_tag;
-	}
+	else if (tag == peer_tag)
+		return -ENOTUNIQ;
+	else
+		port = tag > peer_tag;
 	nt->order_word |= port + 1;
 	wr_virt(nt, PLX_IF_SPAD(PLX_ORDER_SPAD), nt->order_word);
 	return port;

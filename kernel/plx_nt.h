@@ -107,16 +107,12 @@ static inline void plx_delay_us(unsigned int us)
 #define PLX_LINK_ERR_ALL 0xf
 #define PLX_LINK_ERR_DL_DOWN 0x4 /* the link went down: the link interface was reset */
 
-/* The NT function's configuration space: extended capabilities, the serial number's. */
-#define PLX_CFG_EXT_CAPS 0x100
-#define PLX_EXT_CAP_DSN 0x0003
-
 /*
- * The order word: a driver runs on this side (magic), its random tag, and the NTB port
- * number it took (0 or 1) once decided, plus one; 0 while undecided.
+ * The order word: a driver runs on this side (magic), its random tag (24 bits), and the
+ * NTB port number it took (0 or 1) once decided, plus one; 0 while undecided.
  */
-#define PLX_ORDER_MAGIC 0xa0u
-#define PLX_ORDER_MAGIC_MASK 0xf0u
+#define PLX_ORDER_MAGIC 0xa4u
+#define PLX_ORDER_MAGIC_MASK 0xfcu
 #define PLX_ORDER_PORT_MASK 0x3u
 #define PLX_ORDER_TAG_SHIFT 8
 
@@ -146,7 +142,6 @@ struct plx_nt {
 	u64 b2b_off; /* where that window's memory part starts (0: none) */
 	u16 rids[PLX_MAX_RIDS]; /* more requesters let out (DMA functions): bus << 8 | dev << 3 */
 	int rid_count;
-	u64 dsn; /* the chip's serial number, 0 if it has none */
 	u32 order_word; /* ours, in PLX_ORDER_SPAD */
 };
 
@@ -184,17 +179,19 @@ int plx_nt_peer_spad_write(struct plx_nt *nt, int idx, u32 val);
 /*
  * The two sides' NTB port numbers, 0 and 1, which back-to-back chips do not give: each
  * side's LIDs come from its number's half, so the two must differ. At start a side
- * writes its order word (undecided, with a random tag: plx_nt_order_init); once the link
- * is up plx_nt_order reads the peer's: a peer that has decided leaves the other number,
- * else the side whose (serial number, tag) is lower takes 0; either way the number is
- * written into our word, and kept while the driver runs (its contexts hold LIDs of that
- * half), so a peer that reloads takes the other one. Returns the number, or -EAGAIN (no
- * peer word: the link is down or no driver runs there), -ENOTUNIQ (same serial number
- * and tag: the caller draws another tag), -EBUSY (both sides hold the same number: a
- * peer that decided against another host; ours is kept).
+ * writes its order word (undecided, with a random tag of 24 bits: plx_nt_order_init);
+ * once the link is up plx_nt_order reads the peer's, in one read (a decision made from
+ * one consistent word on each side cannot disagree): a peer that has decided leaves the
+ * other number, else the lower tag takes 0; either way the number is written into our
+ * word, and kept while the driver runs (its contexts hold LIDs of that half), so a peer
+ * that reloads takes the other one. Returns the number, or -EAGAIN (no peer word: the
+ * link is down or no driver runs there), -ENOTUNIQ (the same tag: the caller draws
+ * another), -EBUSY (both sides hold the same number: a peer that decided against another
+ * host; ours is kept). plx_nt_order_clear takes the word back when the driver goes.
  */
 void plx_nt_order_init(struct plx_nt *nt, u32 tag);
 int plx_nt_order(struct plx_nt *nt);
+void plx_nt_order_clear(struct plx_nt *nt);
 
 /* The link: enabled at the chip's port control; up when LNKSTA has a width (glue). */
 bool plx_nt_link_enabled(struct plx_nt *nt);

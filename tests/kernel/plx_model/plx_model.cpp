@@ -29,14 +29,6 @@ Chip::Chip(int ntx_, int port_, unsigned alut_bits, uint64_t ram_base_, size_t r
   dma.chip = this;
 }
 
-void Chip::set_dsn(uint64_t dsn) {
-  const uint32_t caps = nt_base() + 0x100;
-  regs[caps / 4] = 0x148u << 20 | 1u << 16 | 0x0001;  // AER, version 1, next at 0x148
-  regs[(nt_base() + 0x148) / 4] = 1u << 16 | 0x0003;  // serial number, the last
-  regs[(nt_base() + 0x14c) / 4] = static_cast<uint32_t>(dsn);
-  regs[(nt_base() + 0x150) / 4] = static_cast<uint32_t>(dsn >> 32);
-}
-
 uint32_t Chip::read(uint32_t off) {
   const uint32_t v = nt_base();
   if (!present) return ~0u;  // surprise removal: reads return all ones

@@ -3,8 +3,7 @@
 // tested against. It models what the driver depends on:
 // - each chip's 256 KiB register space (the NT function's BAR0), with the doorbell
 //   set/clear/mask registers, write-1-to-clear link error status, and plain storage
-//   elsewhere (every write is logged); the NT function's extended capabilities there
-//   (a serial number, when the test gives one);
+//   elsewhere (every write is logged);
 // - a host's access to one of its window BARs: let out only if the virtual interface's
 //   requester-ID LUT lets the root complex out, translated by the virtual-to-link
 //   translation, and taken by the peer chip's link interface if its memory decoding is
@@ -72,10 +71,6 @@ struct Counts {
 
 struct Chip {
   Chip(int ntx, int port, unsigned alut_bits, uint64_t ram_base, size_t ram_size);
-
-  // Gives the NT function's configuration space (mirrored at its base in the registers)
-  // a device serial number capability, after another one (AER), as a chip's EEPROM does.
-  void set_dsn(uint64_t dsn);
 
   // The NT function's configuration dword 0xC8C (identification).
   uint32_t nt_id() const { return ntx ? 1u : 0u; }

@@ -139,20 +139,19 @@ struct Order : Pair {
   static uint32_t &word(Chip &c) { return c.regs[(c.nt_base() + 0xc6c + 4 * 7) / 4]; }
 };
 
-TEST_F(Order, TheLowerSerialNumberIsPortZeroWhateverTheTags) {
-  f.a.set_dsn(0x0010b5ffff000002ull);
-  f.b.set_dsn(0x0010b5ffff000001ull);
-  SetUp();  // identify again: the serial number is read there
-  EXPECT_EQ(a.dsn, 0x0010b5ffff000002ull);
-  EXPECT_EQ(decide(1, 2), std::make_pair(1, 0));
+TEST_F(Order, TheLowerTagIsPortZero) {
+  EXPECT_EQ(decide(0x1234, 0x99), std::make_pair(1, 0));
   // Decided: asked again, each keeps its number.
   EXPECT_EQ(plx_nt_order(&a), 1);
   EXPECT_EQ(plx_nt_order(&b), 0);
 }
 
-TEST_F(Order, WithoutSerialNumbersTheLowerTagIsPortZero) {
-  EXPECT_EQ(a.dsn, 0u);
-  EXPECT_EQ(decide(0x1234, 0x99), std::make_pair(1, 0));
+TEST_F(Order, TheTagIsTwentyFourBitsAndAWordWithoutTheMagicIsNoDriver) {
+  // The top byte of a tag does not fit: these two are the same tag.
+  EXPECT_EQ(decide(0x01000007, 0x02000007), std::make_pair(-ENOTUNIQ, -ENOTUNIQ));
+  word(f.b) = 0x12345601;  // a client's leftover in the pad, "decided" but no magic
+  plx_nt_order_init(&a, 5);
+  EXPECT_EQ(plx_nt_order(&a), -EAGAIN);
 }
 
 TEST_F(Order, BothDecidingAtOnceAgree) {
@@ -164,7 +163,7 @@ TEST_F(Order, BothDecidingAtOnceAgree) {
   EXPECT_EQ(plx_nt_order(&b), 1);
 }
 
-TEST_F(Order, SameSerialNumberAndTagIsATieForTheCallerToRedraw) {
+TEST_F(Order, TheSameTagIsATieForTheCallerToRedraw) {
   EXPECT_EQ(decide(7, 7), std::make_pair(-ENOTUNIQ, -ENOTUNIQ));
   plx_nt_order_init(&b, 3);
   EXPECT_EQ(plx_nt_order(&a), 1);
@@ -202,6 +201,25 @@ TEST_F(Order, TheWordOutlivesTheChipsResetOfTheLinkSide) {
   plx_nt_order_init(&a, 9);  // A reloads
   EXPECT_EQ(plx_nt_order(&a), 0);
   EXPECT_EQ(plx_nt_order(&b), 1);
+}
+
+TEST_F(Order, AWordTheHandlersSetUpWroteBackIsWrittenAgainAtTheNextLook) {
+  plx_nt_order_init(&a, 1);
+  const uint32_t undecided = word(f.a);
+  plx_nt_order_init(&b, 2);
+  EXPECT_EQ(plx_nt_order(&a), 0);
+  word(f.a) = undecided;  // the set-up after DL_Down wrote the word as it was
+  EXPECT_EQ(plx_nt_order(&a), 0);
+  EXPECT_EQ(word(f.a) & 3u, 1u);  // port 0, plus one: the peer sees the decision again
+  EXPECT_EQ(plx_nt_order(&b), 1);
+}
+
+TEST_F(Order, AWordTakenBackLeavesThePeerNothingToFollow) {
+  EXPECT_EQ(decide(1, 2), std::make_pair(0, 1));
+  plx_nt_order_clear(&a);  // A's driver went
+  EXPECT_EQ(word(f.a), 0u);
+  plx_nt_order_init(&b, 3);  // B reloads: no number of A's to take the complement of
+  EXPECT_EQ(plx_nt_order(&b), -EAGAIN);
 }
 
 TEST_F(Order, BothHoldingTheSameNumberIsAConflict) {
