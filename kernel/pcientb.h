@@ -25,6 +25,8 @@ void pcientb_plx_exit(void);
 int pcientb_plx_dma_init(void);
 void pcientb_plx_dma_exit(void);
 
+int pcientb_areas_init(void);
+void pcientb_areas_exit(void);
 struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb);
 void pcientb_ib_link_event(struct pcientb_ib *dev);
 void pcientb_ib_remove(struct pcientb_ib *dev);

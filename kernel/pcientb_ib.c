@@ -116,7 +116,7 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 		.peer_port = peer,
 		.nonce = get_random_u64(),
 		.table_entries = PCIENTB_LIDS,
-		.area_size = PCIENTB_AREA_SIZE,
+		.area_size = pcientb_area_size(),
 	};
 	int lid, rc;
 

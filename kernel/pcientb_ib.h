@@ -20,8 +20,6 @@
 #define PCIENTB_MAX_MR (1 << 16)
 #define PCIENTB_MAX_MR_SIZE (1ULL << 40)
 #define PCIENTB_LIDS (2 * PCIENTB_LIDS_PER_PORT) /* both ports' halves: the node table */
-/* A node's area: sparse (only written pages cost), the engine's tables take ~4 MiB. */
-#define PCIENTB_AREA_SIZE (256UL << 20)
 
 struct ntb_dev;
 
@@ -57,6 +55,7 @@ int pcientb_nodes_init(struct pcientb_ib *dev);
 void pcientb_nodes_destroy(struct pcientb_ib *dev);
 int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce);
 void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc);
+size_t pcientb_area_size(void);
 int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma);
 
 struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,

@@ -533,6 +533,9 @@ static int __init pcientb_init(void)
 {
 	int rc;
 
+	rc = pcientb_areas_init();
+	if (rc)
+		return rc;
 	debug_root = debugfs_create_dir("pcientb", NULL);
 	rc = ntb_register_client(&pcientb_client);
 	if (rc)
@@ -555,6 +558,7 @@ client:
 	ntb_unregister_client(&pcientb_client);
 err:
 	debugfs_remove_recursive(debug_root);
+	pcientb_areas_exit();
 	return rc;
 }
 
@@ -565,6 +569,7 @@ static void __exit pcientb_exit(void)
 	pcientb_ivshmem_exit();
 	ntb_unregister_client(&pcientb_client);
 	debugfs_remove_recursive(debug_root);
+	pcientb_areas_exit();
 }
 
 module_init(pcientb_init);

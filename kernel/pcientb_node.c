@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * pcientb.ko: the nodes of this host. Each context is a node (pcientb_ib.c gives it its
- * LID): it has an area, shared memory where the engine keeps what its peers post to it,
- * which the node and its peers on this host map through their uverbs fds (a shmem file:
- * sparse, and it outlives the node while a peer still maps it); an entry in the node
- * table that every context maps read-only (alive, nonce: what a peer looks at around each
- * transfer, with no system call); a doorbell (an eventfd the node gives, which
- * PCIENTB_METHOD_RING counts); and watchers (PCIENTB_METHOD_WATCH: files that poll
- * readable once the node is gone). Across the bridge the same services will come from the
- * peer host's module (docs/kernel.md); these serve the nodes of one host.
+ * LID): it has an area, memory where the engine keeps what its peers post to it, which the
+ * node and its peers on this host map through their uverbs fds (chunks of physically
+ * contiguous pages, so that a peer host can reach them through its window too; the area
+ * outlives the node while a peer still maps it); an entry in the node table that every
+ * context maps read-only (alive, nonce: what a peer looks at around each transfer, with no
+ * system call); a doorbell (an eventfd the node gives, which PCIENTB_METHOD_RING counts);
+ * and watchers (PCIENTB_METHOD_WATCH: files that poll readable once the node is gone).
  */
 #include <linux/anon_inodes.h>
 #include <linux/eventfd.h>
@@ -16,6 +15,7 @@
 #include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/poll.h>
+#include <linux/module.h>
 #include <linux/shmem_fs.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
@@ -23,14 +23,102 @@
 #define UVERBS_MODULE_NAME pcientb
 #include <rdma/uverbs_named_ioctl.h>
 
+#include "pcientb.h"
 #include "pcientb_ib.h"
 #include "pcientb-abi.h"
+
+static unsigned int area_mb = 16;
+module_param(area_mb, uint, 0444);
+MODULE_PARM_DESC(area_mb, "Size of each node's area in MiB (4..256; the engine's tables take ~4)");
+
+/*
+ * A node's area: chunks of contiguous pages (the largest the page allocator gives, so that
+ * a peer host reaches them through its window in few pieces), zeroed, mapped one after
+ * the other. Its pages are split, and mappings take references on them: the memory stays
+ * while a peer maps it, freed by the kernel when the last mapping goes, with no code of
+ * this module (which may be gone by then: rmmod does not wait for processes). A mapping's
+ * file is a placeholder that holds neither the context (a process that maps a node must
+ * not keep it from dying) nor this module.
+ */
+#define PCIENTB_CHUNK_ORDER min(10, MAX_ORDER - 1)
+#define PCIENTB_CHUNK_PAGES (1UL << PCIENTB_CHUNK_ORDER)
+#define PCIENTB_CHUNK_BYTES (PAGE_SIZE << PCIENTB_CHUNK_ORDER)
+
+struct pcientb_area {
+	unsigned int chunks;
+	struct page *chunk[];
+};
+
+static struct file *area_placeholder;
+
+size_t pcientb_area_size(void)
+{
+	return round_up((size_t)clamp(area_mb, 4U, 256U) << 20, PCIENTB_CHUNK_BYTES);
+}
+
+/* The node lets go of its area: pages still mapped go with their last mapping. */
+static void area_free(struct pcientb_area *area)
+{
+	unsigned int i;
+	unsigned long j;
+
+	for (i = 0; i < area->chunks; i++)
+		for (j = 0; j < PCIENTB_CHUNK_PAGES; j++)
+			put_page(nth_page(area->chunk[i], j));
+	kvfree(area);
+}
+
+static struct pcientb_area *area_alloc(void)
+{
+	unsigned int n = pcientb_area_size() / PCIENTB_CHUNK_BYTES;
+	struct pcientb_area *area = kvzalloc(struct_size(area, chunk, n), GFP_KERNEL);
+	struct page *page;
+
+	if (!area)
+		return NULL;
+	for (; area->chunks < n; area->chunks++) {
+		page = alloc_pages(GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN | __GFP_RETRY_MAYFAIL,
+				   PCIENTB_CHUNK_ORDER);
+		if (!page) {
+			area_free(area);
+			return NULL;
+		}
+		split_page(page, PCIENTB_CHUNK_ORDER);
+		area->chunk[area->chunks] = page;
+	}
+	return area;
+}
+
+/* Maps the area at the start of `vma` (shared, at most its size). */
+static int area_mmap(struct pcientb_area *area, struct vm_area_struct *vma)
+{
+	unsigned long len = vma->vm_end - vma->vm_start, off, n, j;
+	struct page **pages;
+	unsigned int i;
+	int rc = 0;
+
+	if (len > (unsigned long)area->chunks * PCIENTB_CHUNK_BYTES || !(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	pages = kvmalloc_array(PCIENTB_CHUNK_PAGES, sizeof(*pages), GFP_KERNEL);
+	if (!pages)
+		return -ENOMEM;
+	vma_set_file(vma, area_placeholder);
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	for (i = 0, off = 0; off < len && !rc; i++, off += PCIENTB_CHUNK_BYTES) {
+		n = min_t(unsigned long, len - off, PCIENTB_CHUNK_BYTES) >> PAGE_SHIFT;
+		for (j = 0; j < n; j++)
+			pages[j] = nth_page(area->chunk[i], j);
+		rc = vm_insert_pages(vma, vma->vm_start + off, pages, &n);
+	}
+	kvfree(pages);
+	return rc; /* on failure the caller's munmap takes what was mapped */
+}
 
 struct pcientb_node {
 	struct kref ref;
 	u32 lid;
 	u64 nonce;
-	struct file *area; /* shmem, PCIENTB_AREA_SIZE */
+	struct pcientb_area *area;
 	bool dead;
 	wait_queue_head_t watchers;
 	spinlock_t lock; /* doorbell */
@@ -42,7 +130,7 @@ static void node_release(struct kref *ref)
 {
 	struct pcientb_node *node = container_of(ref, struct pcientb_node, ref);
 
-	fput(node->area);
+	area_free(node->area);
 	kfree_rcu(node, rcu);
 }
 
@@ -82,12 +170,10 @@ int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 no
 	node->nonce = nonce;
 	init_waitqueue_head(&node->watchers);
 	spin_lock_init(&node->lock);
-	/* VM_NORESERVE: sparse, as the emulated fabric's areas (pages cost once written). */
-	node->area = shmem_file_setup("pcientb-area", PCIENTB_AREA_SIZE, VM_NORESERVE);
-	if (IS_ERR(node->area)) {
-		rc = PTR_ERR(node->area);
+	node->area = area_alloc();
+	if (!node->area) {
 		kfree(node);
-		return rc;
+		return -ENOMEM;
 	}
 	rc = xa_err(xa_store(&dev->nodes, uc->lid, node, GFP_KERNEL));
 	if (rc) {
@@ -125,7 +211,7 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 {
 	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
 	struct pcientb_ib *dev = to_dev(ibuc->device);
-	unsigned long off = vma->vm_pgoff, len = vma->vm_end - vma->vm_start;
+	unsigned long off = vma->vm_pgoff;
 	struct pcientb_node *node;
 	int rc;
 
@@ -147,13 +233,7 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 	} else {
 		return -EINVAL;
 	}
-	rc = -EINVAL;
-	if (len <= PCIENTB_AREA_SIZE && (vma->vm_flags & VM_SHARED)) {
-		/* The mapping is the area's shmem file's from now on (as DRM's shmem objects). */
-		vma->vm_pgoff = 0;
-		vma_set_file(vma, node->area);
-		rc = call_mmap(vma->vm_file, vma);
-	}
+	rc = area_mmap(node->area, vma);
 	node_put(node);
 	return rc;
 }
@@ -315,6 +395,19 @@ const struct uapi_definition pcientb_node_defs[] = {
 	UAPI_DEF_CHAIN_OBJ_TREE(UVERBS_OBJECT_DEVICE, &pcientb_node_methods),
 	{},
 };
+
+/* At module load: a file of the kernel's (shmem, empty), nothing of which is this module's. */
+int pcientb_areas_init(void)
+{
+	area_placeholder = shmem_file_setup("pcientb-area", 0, VM_NORESERVE);
+	return PTR_ERR_OR_ZERO(area_placeholder);
+}
+
+/* Mappings that outlive the module keep the file: this drops the module's reference. */
+void pcientb_areas_exit(void)
+{
+	fput(area_placeholder);
+}
 
 int pcientb_nodes_init(struct pcientb_ib *dev)
 {

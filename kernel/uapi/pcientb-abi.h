@@ -53,8 +53,8 @@ struct pcientb_ucontext_resp {
  * shared memory that the nodes of this host map too: what they post), the node table
  * (read-only), and the area of the node with LID `lid` of this host (read-write: a
  * node posts into its peers' areas; it never loads from them, by the transport's rules).
- * Areas are sparse: a page costs memory once written; madvise(MADV_REMOVE) of the own
- * mapping gives pages back (they read as zeros again).
+ * An area is memory of the kernel, all of it allocated with the node (area_size, the
+ * module's parameter area_mb); nothing gives its pages back before the node goes.
  */
 #define PCIENTB_MMAP_AREA 0
 #define PCIENTB_MMAP_TABLE 1

@@ -62,7 +62,8 @@ class KernelFabric final : public Fabric {
   const char *name() const override { return name_.c_str(); }
   void *area() override { return area_; }
   size_t area_size() const override { return info_.area_size; }
-  void discard(size_t off, size_t len) override { madvise(area_ + off, len, MADV_REMOVE); }
+  // The module's areas are allocated whole: a discarded range is only zeroed.
+  void discard(size_t off, size_t len) override { memset(area_ + off, 0, len); }
 
   bool member() override {
     ib_uverbs_query_port_resp r{};
