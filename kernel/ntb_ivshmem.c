@@ -14,7 +14,8 @@
  *   IVS_DEAD_BEATS beats, as an NT port whose partner lost power. debugfs
  *   pcientb-ivshmem/<device>/heartbeat (0 or 1) stops and restarts a port's heartbeat, to
  *   test that without killing a guest.
- * - The memory window is an ivshmem-plain device that maps the RAM behind the peer (in a
+ * - The memory windows (two, each with its own translation) are one ivshmem-plain device
+ *   that maps the RAM behind the peer (in a
  *   one-guest test, the guest's own RAM file): BAR offset = the peer's physical address
  *   (below the PCI hole, without an IOMMU: DMA address = physical address), as an NT window
  *   whose inbound translation covers all memory. mw_set_trans publishes the inbound address
@@ -53,6 +54,8 @@ MODULE_PARM_DESC(ivshmem, "Drive QEMU ivshmem devices as NTB ports (test guests)
 #define IVS_LINK_VECTOR (IVS_VECTORS - 1)
 #define IVS_DB_BITS IVS_LINK_VECTOR
 #define IVS_SPADS 16
+/* Windows over the one BAR, each with a translation of its own (a PEX8749 has two too). */
+#define IVS_WINDOWS 2
 #define IVS_MAGIC 0x70636e74 /* "pcnt" */
 #define IVS_BEAT_MS 50
 #define IVS_DEAD_BEATS 60 /* 3 s: a TCG guest on a busy host can stall for a second */
@@ -61,8 +64,10 @@ MODULE_PARM_DESC(ivshmem, "Drive QEMU ivshmem devices as NTB ports (test guests)
 struct ivs_port_area {
 	__le32 magic; /* IVS_MAGIC while the port's link is enabled */
 	__le32 spad[IVS_SPADS];
-	__le32 mw_lo, mw_hi; /* inbound window: where the peer's writes land */
-	__le32 mw_size;
+	struct {
+		__le32 lo, hi; /* inbound translation: where the peer's writes land */
+		__le32 size;
+	} mw[IVS_WINDOWS];
 	__le32 beat; /* advanced every IVS_BEAT_MS while the port's driver runs */
 };
 
@@ -160,7 +165,7 @@ static resource_size_t window_len(void)
 
 static int ivs_mw_count(struct ntb_dev *ntb, int pidx)
 {
-	return pidx == 0 && window_len() ? 1 : 0;
+	return pidx == 0 && window_len() ? IVS_WINDOWS : 0;
 }
 
 static int ivs_mw_get_align(struct ntb_dev *ntb, int pidx, int widx, resource_size_t *addr_align,
@@ -168,7 +173,7 @@ static int ivs_mw_get_align(struct ntb_dev *ntb, int pidx, int widx, resource_si
 {
 	resource_size_t len = window_len();
 
-	if (pidx != 0 || widx != 0 || !len)
+	if (pidx != 0 || widx < 0 || widx >= IVS_WINDOWS || !len)
 		return -EINVAL;
 	if (addr_align)
 		*addr_align = PAGE_SIZE;
@@ -191,24 +196,24 @@ static int ivs_mw_set_trans(struct ntb_dev *ntb, int pidx, int widx, dma_addr_t 
 	if (!IS_ALIGNED(addr, PAGE_SIZE) || !IS_ALIGNED(size, PAGE_SIZE) || !size || size > max ||
 	    addr > window_len() - size)
 		return -EINVAL;
-	iowrite32(0, &own_area(p)->mw_size);
-	iowrite32(lower_32_bits(addr), &own_area(p)->mw_lo);
-	iowrite32(upper_32_bits(addr), &own_area(p)->mw_hi);
-	iowrite32(size, &own_area(p)->mw_size);
+	iowrite32(0, &own_area(p)->mw[widx].size);
+	iowrite32(lower_32_bits(addr), &own_area(p)->mw[widx].lo);
+	iowrite32(upper_32_bits(addr), &own_area(p)->mw[widx].hi);
+	iowrite32(size, &own_area(p)->mw[widx].size);
 	return 0;
 }
 
 static int ivs_mw_clear_trans(struct ntb_dev *ntb, int pidx, int widx)
 {
-	if (pidx != 0 || widx != 0)
+	if (pidx != 0 || widx < 0 || widx >= IVS_WINDOWS)
 		return -EINVAL;
-	iowrite32(0, &own_area(to_port(ntb))->mw_size);
+	iowrite32(0, &own_area(to_port(ntb))->mw[widx].size);
 	return 0;
 }
 
 static int ivs_peer_mw_count(struct ntb_dev *ntb)
 {
-	return window_len() ? 1 : 0;
+	return window_len() ? IVS_WINDOWS : 0;
 }
 
 /* The outbound window: the peer's inbound translation, once the peer has set one. */
@@ -221,14 +226,14 @@ static int ivs_peer_mw_get_addr(struct ntb_dev *ntb, int widx, phys_addr_t *base
 	u32 len;
 	u64 addr;
 
-	if (widx != 0 || !w)
+	if (widx < 0 || widx >= IVS_WINDOWS || !w)
 		return -EINVAL;
 	bar = pci_resource_len(w, 2);
 	/* The peer writes size 0, the address, then the size: a size read before and after
 	 * the address that agree make a consistent pair. */
-	len = ioread32(&peer->mw_size);
-	addr = ((u64)ioread32(&peer->mw_hi) << 32) | ioread32(&peer->mw_lo);
-	if (!len || ioread32(&peer->mw_size) != len || len > bar || addr > bar - len)
+	len = ioread32(&peer->mw[widx].size);
+	addr = ((u64)ioread32(&peer->mw[widx].hi) << 32) | ioread32(&peer->mw[widx].lo);
+	if (!len || ioread32(&peer->mw[widx].size) != len || len > bar || addr > bar - len)
 		return -ENOLINK;
 	if (base)
 		*base = pci_resource_start(w, 2) + addr;

@@ -7,7 +7,8 @@
  * guests); ntb_plx.c, the NTB hardware driver of the PEX8749's NT port, whose register
  * sequences are plx_nt.c; dma_plx.c, the PEX87xx DMA engine as a dmaengine provider, its
  * ring plx_dma.c; pcientb_ib.c, the verbs device of each port, pcientb_mem.c its memory
- * regions (pcientb_ib.h what they share; uapi/pcientb-abi.h is what the device shares with
+ * regions, pcientb_node.c its nodes, pcientb_bridge.c the nodes across the bridge
+ * (pcientb_ib.h what they share; uapi/pcientb-abi.h is what the device shares with
  * the provider); pcientb_main.c, the module and its NTB client.
  */
 #ifndef PCIENTB_KERNEL_PCIENTB_H
@@ -27,6 +28,9 @@ void pcientb_plx_dma_exit(void);
 
 int pcientb_areas_init(void);
 void pcientb_areas_exit(void);
+/* The doorbell bit by which a port's module tells the peer's to look at its inbox. */
+#define PCIENTB_DB_BRIDGE 2
+void pcientb_bridge_kick(struct pcientb_ib *dev);
 struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb);
 void pcientb_ib_link_event(struct pcientb_ib *dev);
 void pcientb_ib_remove(struct pcientb_ib *dev);

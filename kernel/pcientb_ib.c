@@ -198,6 +198,7 @@ static int pcientb_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 static const struct uapi_definition pcientb_defs[] = {
 	UAPI_DEF_CHAIN(pcientb_mem_defs),
 	UAPI_DEF_CHAIN(pcientb_node_defs),
+	UAPI_DEF_CHAIN(pcientb_bridge_defs),
 	{},
 };
 
@@ -259,6 +260,9 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	rc = pcientb_nodes_init(dev);
 	if (rc)
 		goto mem;
+	rc = pcientb_bridge_init(dev);
+	if (rc)
+		goto nodes;
 	dev->ibdev.node_type = RDMA_NODE_IB_CA;
 	dev->ibdev.phys_port_cnt = 1;
 	dev->ibdev.num_comp_vectors = 1;
@@ -271,10 +275,13 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	/* Regions are mapped for the NT function: the peer's accesses come with its ID. */
 	rc = ib_register_device(&dev->ibdev, "pcientb%d", &ntb->pdev->dev);
 	if (rc)
-		goto nodes;
+		goto bridge;
 	dev_info(&ntb->dev, "verbs device %s\n", dev_name(&dev->ibdev.dev));
+	pcientb_bridge_kick(dev); /* the link may be up already */
 	return dev;
 
+bridge:
+	pcientb_bridge_destroy(dev);
 nodes:
 	pcientb_nodes_destroy(dev);
 mem:
@@ -299,6 +306,7 @@ void pcientb_ib_link_event(struct pcientb_ib *dev)
 	};
 	bool up = port_active(dev);
 
+	pcientb_bridge_kick(dev);
 	if (up == dev->active)
 		return;
 	dev->active = up;
@@ -313,6 +321,7 @@ void pcientb_ib_link_event(struct pcientb_ib *dev)
 void pcientb_ib_remove(struct pcientb_ib *dev)
 {
 	ib_unregister_device(&dev->ibdev);
+	pcientb_bridge_destroy(dev);
 	pcientb_nodes_destroy(dev);
 	pcientb_mem_destroy(dev);
 	ida_destroy(&dev->lids);

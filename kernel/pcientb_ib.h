@@ -21,7 +21,43 @@
 #define PCIENTB_MAX_MR_SIZE (1ULL << 40)
 #define PCIENTB_LIDS (2 * PCIENTB_LIDS_PER_PORT) /* both ports' halves: the node table */
 
+/*
+ * A node's area: chunks of contiguous pages, the largest the page allocator gives (so that
+ * a peer host reaches them through its window in few pieces).
+ */
+#define PCIENTB_CHUNK_ORDER min(10, MAX_ORDER - 1)
+#define PCIENTB_CHUNK_PAGES (1UL << PCIENTB_CHUNK_ORDER)
+#define PCIENTB_CHUNK_BYTES (PAGE_SIZE << PCIENTB_CHUNK_ORDER)
+#define PCIENTB_AREA_MB_MAX 64U
+#define PCIENTB_AREA_CHUNKS_MAX (PCIENTB_AREA_MB_MAX / 2) /* chunks of 2 MiB at least */
+
+struct pcientb_area {
+	struct kref ref; /* its node's, and the bridge's while the peer host may reach it */
+	unsigned int chunks;
+	struct page *chunk[];
+};
+
+/*
+ * A node: a context of this host (with its area), or a node of the host across the bridge
+ * as the bridge knows it (remote: its area is reached through the window, at the offsets
+ * of its chunks there).
+ */
+struct pcientb_node {
+	struct kref ref;
+	u32 lid;
+	u64 nonce;
+	struct pcientb_area *area; /* NULL: remote */
+	unsigned int chunks; /* remote: of its area */
+	u64 chunk_off[PCIENTB_AREA_CHUNKS_MAX]; /* remote: in the outbound window */
+	bool dead;
+	wait_queue_head_t watchers;
+	spinlock_t lock; /* doorbell */
+	struct eventfd_ctx *doorbell;
+	struct rcu_head rcu;
+};
+
 struct ntb_dev;
+struct pcientb_bridge;
 
 struct pcientb_ib {
 	struct ib_device ibdev;
@@ -34,6 +70,7 @@ struct pcientb_ib {
 	u32 next_mr; /* xa_alloc_cyclic's cursor */
 	u8 *mr_gens; /* per index: the key byte of its last registration */
 	bool active; /* what the last event said; under the NTB's ctx_lock (link events) */
+	struct pcientb_bridge *bridge; /* NULL: the port cannot reach the peer's nodes */
 };
 
 static inline struct pcientb_ib *to_dev(struct ib_device *ibdev)
@@ -56,6 +93,21 @@ void pcientb_nodes_destroy(struct pcientb_ib *dev);
 int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce);
 void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc);
 size_t pcientb_area_size(void);
+void pcientb_area_put(struct pcientb_area *area);
+struct pcientb_node *pcientb_node_get(struct pcientb_ib *dev, u32 lid);
+void pcientb_node_put(struct pcientb_node *node);
+void pcientb_node_signal(struct pcientb_node *node);
+int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int chunks,
+		       const u64 *chunk_off);
+void pcientb_remote_remove(struct pcientb_ib *dev, struct pcientb_node *node);
+
+/* The bridge (pcientb_bridge.c): the nodes of the host across the NT port. */
+extern const struct uapi_definition pcientb_bridge_defs[];
+int pcientb_bridge_init(struct pcientb_ib *dev);
+void pcientb_bridge_destroy(struct pcientb_ib *dev);
+void pcientb_bridge_publish(struct pcientb_ib *dev, u32 lid, u64 nonce, struct pcientb_area *area,
+			    bool alive);
+int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node);
 int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma);
 
 struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,

@@ -76,6 +76,8 @@ static void port_db_event(void *ctx, int vector)
 		if (bits & BIT_ULL(b))
 			atomic_inc(&port->db_events[b]);
 	ntb_db_clear(port->ntb, bits);
+	if (bits & BIT_ULL(PCIENTB_DB_BRIDGE) && port->ib)
+		pcientb_bridge_kick(port->ib);
 	/* A driver with a level-triggered interrupt masks what it reports until then. */
 	ntb_db_clear_mask(port->ntb, bits);
 	wake_up_all(&port->wq);

@@ -29,34 +29,25 @@
 
 static unsigned int area_mb = 16;
 module_param(area_mb, uint, 0444);
-MODULE_PARM_DESC(area_mb, "Size of each node's area in MiB (4..256; the engine's tables take ~4)");
+MODULE_PARM_DESC(area_mb, "Size of each node's area in MiB (4..64; the engine's tables take ~4)");
 
 /*
- * A node's area: chunks of contiguous pages (the largest the page allocator gives, so that
- * a peer host reaches them through its window in few pieces), zeroed, mapped one after
- * the other. Its pages are split, and mappings take references on them: the memory stays
- * while a peer maps it, freed by the kernel when the last mapping goes, with no code of
- * this module (which may be gone by then: rmmod does not wait for processes). A mapping's
- * file is a placeholder that holds neither the context (a process that maps a node must
- * not keep it from dying) nor this module.
+ * A node's area (pcientb_ib.h): zeroed, its chunks mapped one after the other. Its pages are split,
+ * and mappings take references on them: the memory stays while a peer maps it, freed by the kernel
+ * when the last mapping goes, with no code of this module (which may be gone by then: rmmod does
+ * not wait for processes). A mapping's file is a placeholder that holds neither the context (a
+ * process that maps a node must not keep it from dying) nor this module.
  */
-#define PCIENTB_CHUNK_ORDER min(10, MAX_ORDER - 1)
-#define PCIENTB_CHUNK_PAGES (1UL << PCIENTB_CHUNK_ORDER)
-#define PCIENTB_CHUNK_BYTES (PAGE_SIZE << PCIENTB_CHUNK_ORDER)
-
-struct pcientb_area {
-	unsigned int chunks;
-	struct page *chunk[];
-};
 
 static struct file *area_placeholder;
 
 size_t pcientb_area_size(void)
 {
-	return round_up((size_t)clamp(area_mb, 4U, 256U) << 20, PCIENTB_CHUNK_BYTES);
+	return round_up((size_t)clamp(area_mb, 4U, PCIENTB_AREA_MB_MAX), PCIENTB_CHUNK_BYTES >> 20)
+	       << 20;
 }
 
-/* The node lets go of its area: pages still mapped go with their last mapping. */
+/* The area's last holder lets go: pages still mapped go with their last mapping. */
 static void area_free(struct pcientb_area *area)
 {
 	unsigned int i;
@@ -76,6 +67,7 @@ static struct pcientb_area *area_alloc(void)
 
 	if (!area)
 		return NULL;
+	kref_init(&area->ref);
 	for (; area->chunks < n; area->chunks++) {
 		page = alloc_pages(GFP_KERNEL | __GFP_ZERO | __GFP_NOWARN | __GFP_RETRY_MAYFAIL,
 				   PCIENTB_CHUNK_ORDER);
@@ -87,6 +79,16 @@ static struct pcientb_area *area_alloc(void)
 		area->chunk[area->chunks] = page;
 	}
 	return area;
+}
+
+static void area_release(struct kref *ref)
+{
+	area_free(container_of(ref, struct pcientb_area, ref));
+}
+
+void pcientb_area_put(struct pcientb_area *area)
+{
+	kref_put(&area->ref, area_release);
 }
 
 /* Maps the area at the start of `vma` (shared, at most its size). */
@@ -114,33 +116,22 @@ static int area_mmap(struct pcientb_area *area, struct vm_area_struct *vma)
 	return rc; /* on failure the caller's munmap takes what was mapped */
 }
 
-struct pcientb_node {
-	struct kref ref;
-	u32 lid;
-	u64 nonce;
-	struct pcientb_area *area;
-	bool dead;
-	wait_queue_head_t watchers;
-	spinlock_t lock; /* doorbell */
-	struct eventfd_ctx *doorbell;
-	struct rcu_head rcu;
-};
-
 static void node_release(struct kref *ref)
 {
 	struct pcientb_node *node = container_of(ref, struct pcientb_node, ref);
 
-	area_free(node->area);
+	if (node->area)
+		pcientb_area_put(node->area);
 	kfree_rcu(node, rcu);
 }
 
-static void node_put(struct pcientb_node *node)
+void pcientb_node_put(struct pcientb_node *node)
 {
 	kref_put(&node->ref, node_release);
 }
 
-/* Node `lid` of this device, referenced; NULL if none lives. */
-static struct pcientb_node *node_get(struct pcientb_ib *dev, u32 lid)
+/* Node `lid` of this device (of this host, or across the bridge), referenced; NULL if none. */
+struct pcientb_node *pcientb_node_get(struct pcientb_ib *dev, u32 lid)
 {
 	struct pcientb_node *node;
 
@@ -157,44 +148,42 @@ static struct pcientb_node_entry *table_entry(struct pcientb_ib *dev, u32 lid)
 	return &((struct pcientb_node_entry *)dev->table)[lid];
 }
 
-int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce)
+static struct pcientb_node *node_new(u32 lid, u64 nonce)
 {
-	struct pcientb_node_entry *e = table_entry(dev, uc->lid);
 	struct pcientb_node *node = kzalloc(sizeof(*node), GFP_KERNEL);
-	int rc;
 
 	if (!node)
-		return -ENOMEM;
+		return NULL;
 	kref_init(&node->ref);
-	node->lid = uc->lid;
+	node->lid = lid;
 	node->nonce = nonce;
 	init_waitqueue_head(&node->watchers);
 	spin_lock_init(&node->lock);
-	node->area = area_alloc();
-	if (!node->area) {
-		kfree(node);
-		return -ENOMEM;
-	}
-	rc = xa_err(xa_store(&dev->nodes, uc->lid, node, GFP_KERNEL));
-	if (rc) {
-		node_put(node);
+	return node;
+}
+
+/* Makes `node` the live node of its LID: in the xarray, then in the node table. */
+static int node_enter(struct pcientb_ib *dev, struct pcientb_node *node)
+{
+	struct pcientb_node_entry *e = table_entry(dev, node->lid);
+	int rc = xa_err(xa_store(&dev->nodes, node->lid, node, GFP_KERNEL));
+
+	if (rc)
 		return rc;
-	}
 	/* The nonce, then the life that makes the entry valid. */
-	WRITE_ONCE(e->nonce, nonce);
+	WRITE_ONCE(e->nonce, node->nonce);
 	smp_wmb();
-	WRITE_ONCE(e->life, (u32)nonce | 1);
-	uc->node = node;
+	WRITE_ONCE(e->life, (u32)node->nonce | 1);
 	return 0;
 }
 
-void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc)
+/* The node is gone: the table says so, watchers wake, its doorbell is let go. */
+static void node_leave(struct pcientb_ib *dev, struct pcientb_node *node)
 {
-	struct pcientb_node *node = uc->node;
 	struct eventfd_ctx *db;
 
-	WRITE_ONCE(table_entry(dev, uc->lid)->life, 0);
-	xa_erase(&dev->nodes, uc->lid);
+	WRITE_ONCE(table_entry(dev, node->lid)->life, 0);
+	xa_cmpxchg(&dev->nodes, node->lid, node, NULL, GFP_KERNEL);
 	WRITE_ONCE(node->dead, true);
 	wake_up_all(&node->watchers);
 	spin_lock(&node->lock);
@@ -203,7 +192,69 @@ void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc)
 	spin_unlock(&node->lock);
 	if (db)
 		eventfd_ctx_put(db);
-	node_put(node);
+}
+
+int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce)
+{
+	struct pcientb_node *node = node_new(uc->lid, nonce);
+	int rc;
+
+	if (!node)
+		return -ENOMEM;
+	node->area = area_alloc();
+	if (!node->area) {
+		kfree(node);
+		return -ENOMEM;
+	}
+	rc = node_enter(dev, node);
+	if (rc) {
+		pcientb_node_put(node);
+		return rc;
+	}
+	uc->node = node;
+	pcientb_bridge_publish(dev, node->lid, nonce, node->area, true);
+	return 0;
+}
+
+void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc)
+{
+	struct pcientb_node *node = uc->node;
+
+	node_leave(dev, node);
+	pcientb_bridge_publish(dev, node->lid, node->nonce, node->area, false);
+	pcientb_node_put(node);
+}
+
+/* A node of the host across the bridge, as its module published it (pcientb_bridge.c). */
+int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int chunks,
+		       const u64 *chunk_off)
+{
+	struct pcientb_node *node = node_new(lid, nonce);
+	int rc;
+
+	if (!node)
+		return -ENOMEM;
+	node->chunks = chunks;
+	memcpy(node->chunk_off, chunk_off, chunks * sizeof(*chunk_off));
+	rc = node_enter(dev, node);
+	if (rc)
+		kfree(node);
+	return rc;
+}
+
+void pcientb_remote_remove(struct pcientb_ib *dev, struct pcientb_node *node)
+{
+	node_leave(dev, node);
+	pcientb_node_put(node);
+}
+
+/* Wakes the node: its doorbell eventfd counts one. */
+void pcientb_node_signal(struct pcientb_node *node)
+{
+	spin_lock(&node->lock);
+	if (node->doorbell)
+		eventfd_signal(node->doorbell, 1);
+	spin_unlock(&node->lock);
 }
 
 /* The uverbs fd's mmap: the context's area, the node table, or a node's area by LID. */
@@ -227,14 +278,15 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 			return -EINVAL;
 		kref_get(&node->ref);
 	} else if (off >= PCIENTB_MMAP_PEER(0) && off < PCIENTB_MMAP_PEER(PCIENTB_LIDS)) {
-		node = node_get(dev, off - PCIENTB_MMAP_PEER(0));
+		node = pcientb_node_get(dev, off - PCIENTB_MMAP_PEER(0));
 		if (!node)
 			return -ENOENT;
 	} else {
 		return -EINVAL;
 	}
-	rc = area_mmap(node->area, vma);
-	node_put(node);
+	/* A node across the bridge is reached by PCIENTB_METHOD_POST, not mapped (yet). */
+	rc = node->area ? area_mmap(node->area, vma) : -EREMOTE;
+	pcientb_node_put(node);
 	return rc;
 }
 
@@ -252,15 +304,16 @@ static int UVERBS_HANDLER(PCIENTB_METHOD_RING)(struct uverbs_attr_bundle *attrs)
 		return rc;
 	if (cmd.reserved || cmd.lid >= PCIENTB_LIDS)
 		return -EINVAL;
-	node = node_get(to_dev(ibuc->device), cmd.lid);
+	node = pcientb_node_get(to_dev(ibuc->device), cmd.lid);
 	if (!node)
 		return -ENOENT;
-	spin_lock(&node->lock);
-	if (node->doorbell)
-		eventfd_signal(node->doorbell, 1);
-	spin_unlock(&node->lock);
-	node_put(node);
-	return 0;
+	rc = 0;
+	if (node->area)
+		pcientb_node_signal(node);
+	else
+		rc = pcientb_bridge_ring(to_dev(ibuc->device), node);
+	pcientb_node_put(node);
+	return rc;
 }
 
 static int UVERBS_HANDLER(PCIENTB_METHOD_DOORBELL)(struct uverbs_attr_bundle *attrs)
@@ -312,7 +365,7 @@ static __poll_t watch_poll(struct file *file, poll_table *wait)
 static int watch_release(struct inode *inode, struct file *file)
 {
 	if (file->private_data)
-		node_put(file->private_data);
+		pcientb_node_put(file->private_data);
 	return 0;
 }
 
@@ -339,9 +392,9 @@ static int UVERBS_HANDLER(PCIENTB_METHOD_WATCH)(struct uverbs_attr_bundle *attrs
 		return rc;
 	if (cmd.reserved || cmd.lid >= PCIENTB_LIDS)
 		return -EINVAL;
-	node = node_get(to_dev(ibuc->device), cmd.lid);
+	node = pcientb_node_get(to_dev(ibuc->device), cmd.lid);
 	if (node && node->nonce != cmd.nonce) { /* another incarnation: the one asked for is gone */
-		node_put(node);
+		pcientb_node_put(node);
 		node = NULL;
 	}
 	fd = get_unused_fd_flags(O_CLOEXEC);
@@ -368,7 +421,7 @@ put_fd:
 	put_unused_fd(fd);
 put:
 	if (node)
-		node_put(node);
+		pcientb_node_put(node);
 	return rc;
 }
 

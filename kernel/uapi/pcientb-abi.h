@@ -15,7 +15,7 @@
  * binds by it, and every uverbs ioctl carries it.
  */
 #define PCIENTB_DRIVER_ID 0x504e
-#define PCIENTB_UVERBS_ABI_VERSION 3
+#define PCIENTB_UVERBS_ABI_VERSION 4
 #define PCIENTB_UCONTEXT_MAGIC 0x7063696e /* "pcin" */
 
 /*
@@ -93,6 +93,14 @@ enum pcientb_methods {
 	 * `nonce` is gone (at once if it is not there); close it when done.
 	 */
 	PCIENTB_METHOD_WATCH,
+	/*
+	 * Writes `length` bytes of the caller's memory at `addr` to [offset, offset + length)
+	 * of the area of node `lid` across the bridge, as posted writes through the window
+	 * (a node of this host is mapped instead: EINVAL). The posts of one caller land in
+	 * order; aligned 8-byte words whole. ENOENT: no such node (or gone, or the link is
+	 * down), EFAULT: out of its area, or the caller's memory.
+	 */
+	PCIENTB_METHOD_POST,
 };
 
 enum pcientb_move_attrs {
@@ -110,6 +118,10 @@ enum pcientb_ring_attrs {
 
 enum pcientb_doorbell_attrs {
 	PCIENTB_ATTR_DOORBELL_CMD = 1U << 12, /* struct pcientb_doorbell, in */
+};
+
+enum pcientb_post_attrs {
+	PCIENTB_ATTR_POST_CMD = 1U << 12, /* struct pcientb_post, in */
 };
 
 enum pcientb_watch_attrs {
@@ -137,6 +149,14 @@ struct pcientb_watch {
 struct pcientb_watch_resp {
 	__s32 fd;
 	__u32 reserved;
+};
+
+struct pcientb_post {
+	__u32 lid;
+	__u32 reserved; /* 0 */
+	__aligned_u64 offset; /* in the node's area */
+	__aligned_u64 addr; /* the caller's memory */
+	__aligned_u64 length;
 };
 
 struct pcientb_move {

@@ -452,6 +452,104 @@ static void check_map_refused(const char *dev, const char *what, void *p, int wa
   }
 }
 
+static int post(struct kctx *ctx, uint32_t lid, uint64_t off, const void *buf, size_t len) {
+  struct pcientb_post cmd = {.lid = lid, .offset = off, .addr = (uintptr_t)buf, .length = len};
+  return method(ctx, PCIENTB_METHOD_POST, &cmd, sizeof cmd, NULL, 0);
+}
+
+// Whether node `lid` reads alive in `table` (with `nonce`, if not 0) within `seconds`:
+// what the peer host's module publishes arrives by its doorbell, a moment later.
+static int table_says(const struct pcientb_node_entry *table, uint32_t lid, uint64_t nonce,
+                      int alive, double seconds) {
+  const double end = now() + seconds;
+  do {
+    const int live = __atomic_load_n(&table[lid].life, __ATOMIC_ACQUIRE) != 0 &&
+                     (!nonce || __atomic_load_n(&table[lid].nonce, __ATOMIC_ACQUIRE) == nonce);
+    if (live == alive) return 1;
+    usleep(10 * 1000);
+  } while (now() < end);
+  return 0;
+}
+
+// Across the bridge: a node of one port and a node of its peer port (the other "host").
+// Each sees the other in its node table; posts (PCIENTB_METHOD_POST, through the window)
+// land in the other's area; rings wake its doorbell; a watcher wakes when it goes.
+static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
+  const char *name = ibv_get_device_name(da);
+  struct kctx *a = kopen(da), *b = kopen(db);
+  const struct pcientb_node_entry *table = MAP_FAILED;
+  char *own = MAP_FAILED;
+  int efd = eventfd(0, EFD_NONBLOCK), w = -1;
+  uint64_t count = 0;
+  char msg[300];
+
+  if (!a || !b || efd < 0) {
+    fail(name, "a context on each of two ports, and an eventfd", errno);
+    goto out;
+  }
+  const uint16_t la = lid_of(a), lb = lid_of(b);
+  table = map(b, 4 * 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+  own = map(a, a->info.area_size, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_AREA);
+  if (table == MAP_FAILED || own == MAP_FAILED) {
+    fail(name, "mapping B's node table and A's area", errno);
+    goto out;
+  }
+  if (!table_says(table, la, a->info.nonce, 1, 5)) {
+    printf("FAIL %s: the node table of %s does not show node %u of the other port alive\n", name,
+           ibv_get_device_name(db), la);
+    failures++;
+    goto out;
+  }
+  check_map_refused(name, "a node across the bridge",
+                    map(b, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_PEER(la)),
+                    EREMOTE);
+  // Posts: bytes of every alignment, across a chunk's end (4 MiB), and a whole piece.
+  for (size_t i = 0; i < sizeof msg; i++) msg[i] = (char)(i * 7 + 1);
+  const uint64_t at[] = {4096 + 3, (4u << 20) - 150, 65536};
+  for (int i = 0; i < 3; i++)
+    if (post(b, la, at[i], msg, sizeof msg)) fail(name, "a post across the bridge", errno);
+  for (int i = 0; i < 3; i++)
+    if (memcmp(own + at[i], msg, sizeof msg) != 0) {
+      printf("FAIL %s: a post across the bridge at %llu is not in A's area\n", name,
+             (unsigned long long)at[i]);
+      failures++;
+    }
+  if (post(b, la, a->info.area_size - 8, msg, 16) != EFAULT)
+    fail(name, "a post past the area's end did not fail (EFAULT)", 0);
+  if (post(b, lb, 0, msg, 8) != EINVAL)
+    fail(name, "a post to a node of its own host did not fail (EINVAL)", 0);
+  if (post(b, (la & 512) | 511, 0, msg, 8) != ENOENT)
+    fail(name, "a post to a LID no node has did not fail (ENOENT)", 0);
+  // Rings.
+  if (set_doorbell(a, efd)) fail(name, "PCIENTB_METHOD_DOORBELL", errno);
+  if (ring(b, la)) fail(name, "ringing across the bridge", errno);
+  if (!readable(efd, 5000) || read(efd, &count, sizeof count) != sizeof count || !count)
+    fail(name, "a ring across the bridge did not reach the node's doorbell within 5 s", 0);
+  // A watcher across the bridge, and the table, when A goes.
+  w = watch(b, la, a->info.nonce);
+  if (w < 0) {
+    fail(name, "watching a node across the bridge", errno);
+    goto out;
+  }
+  if (readable(w, 0)) fail(name, "a watcher of a live node across the bridge is readable", 0);
+  munmap(own, a->info.area_size);
+  own = MAP_FAILED;
+  kclose(a);
+  a = NULL;
+  if (!readable(w, 5000)) fail(name, "a watcher across the bridge was not woken within 5 s", 0);
+  if (!table_says(table, la, 0, 0, 5))
+    fail(name, "the node table still shows a node gone across the bridge", 0);
+  if (post(b, la, 0, msg, 8) != ENOENT || ring(b, la) != ENOENT)
+    fail(name, "a post or ring to a node gone across the bridge did not fail (ENOENT)", 0);
+out:
+  if (w >= 0) close(w);
+  if (efd >= 0) close(efd);
+  if (own != MAP_FAILED) munmap(own, a->info.area_size);
+  if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
+  if (a) kclose(a);
+  if (b) kclose(b);
+}
+
 // The nodes of one device: each node's area, mapped by itself and by its peers (what one
 // writes the other reads, a new one reads as zeros), the node table (read-only:
 // alive and nonce of each LID), doorbells (a ring counts one on the node's eventfd) and
@@ -765,6 +863,16 @@ static int devices(int want) {
           fail(ibv_get_device_name(list[i]), "LIDs in the same half as another port's", 0);
       }
     found++;
+  }
+  if (found == 2 && failures == 0) {
+    const int before = failures;
+    struct ibv_device *d[2];
+    int k = 0;
+    for (i = 0; i < n && k < 2; i++)
+      if (strncmp(ibv_get_device_name(list[i]), "pcientb", 7) == 0) d[k++] = list[i];
+    check_bridge(d[0], d[1]);
+    check_bridge(d[1], d[0]);
+    if (failures == before) printf("bridge ok\n");
   }
   ibv_free_device_list(list);
   if (found != want) {

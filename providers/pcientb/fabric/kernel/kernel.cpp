@@ -45,7 +45,8 @@ class KernelPeer final : public Peer {
     if (!self && area) munmap(area, area_size);
     if (watch_fd >= 0) close(watch_fd);
   }
-  uint8_t *const area;  // the peer's area as mapped here: only post() writes it
+  uint8_t *const
+      area;  // the peer's area as mapped here: only post() writes it; nullptr: across the bridge
   const size_t area_size;
   const bool self;
   int watch_fd = -1;  // under the fabric's peers_mu_
@@ -90,8 +91,19 @@ class KernelFabric final : public Fabric {
     auto &p = static_cast<KernelPeer &>(pp);
     if (off > p.area_size || len > p.area_size - off) return EFAULT;
     count(kPosts, len);
-    store_posted(p.area + off, src, len);
-    return 0;
+    if (p.area) {
+      store_posted(p.area + off, src, len);
+      return 0;
+    }
+    // Across the bridge the module writes through its window (ENOENT: the node is gone,
+    // and will be found so).
+    pcientb_post cmd{};
+    cmd.lid = p.lid();
+    cmd.offset = off;
+    cmd.addr = reinterpret_cast<uintptr_t>(src);
+    cmd.length = len;
+    const int rc = method(fd_, PCIENTB_METHOD_POST, cmd);
+    return rc == ENOENT ? 0 : rc;
   }
   void doorbell(Peer &p, bool) override {
     pcientb_ring cmd{};
@@ -222,8 +234,11 @@ Peer *KernelFabric::peer(uint16_t lid) {
   // match was read across another incarnation's coming or going.
   if (!value || value != (static_cast<uint32_t>(nonce) | 1)) return nullptr;
   const bool self = lid == info_.lid;
-  uint8_t *area = area_;
-  if (!self) {
+  // A node of the other host (the other half of the LIDs) is not mapped: posts to it
+  // are the module's.
+  const bool across = lid / PCIENTB_LIDS_PER_PORT != info_.lid / PCIENTB_LIDS_PER_PORT;
+  uint8_t *area = across ? nullptr : area_;
+  if (!self && !across) {
     void *m = mmap(nullptr, info_.area_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
                    static_cast<off_t>(PCIENTB_MMAP_PEER(lid) * kPage));
     if (m == MAP_FAILED) return nullptr;

@@ -1,0 +1,531 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * pcientb.ko: the bridge, how the nodes of this host and those of the host across the NT
+ * port reach each other (docs/kernel.md).
+ *
+ * - Each port has an inbox: memory of this host that only the peer host's module writes,
+ *   through its window. Per LID of the peer's half: what the peer module published of its
+ *   node (nonce, life, where the chunks of its area are in the window). Per LID of ours:
+ *   a count of the rings the peer's nodes sent it, and which incarnation of it the peer
+ *   module knows (its ack). The inbox's address goes to the peer in scratchpads.
+ * - The bridge's window (the port's last: the first is the self-tests') translates flat:
+ *   all of this host's memory below the window's size, so that the peer reaches every
+ *   node's area and the inbox. A window whose aperture is smaller than memory (a PEX8749's
+ *   BAR) would need its A-LUT to map areas one by one: not done, the bridge stays off.
+ * - A node that comes or goes is written into the peer's inbox, then a doorbell bit tells
+ *   the peer module to look: its work item compares the inbox with what it knew, adds and
+ *   removes the remote nodes (pcientb_node.c), wakes the nodes that were rung, and frees
+ *   the areas the peer no longer reaches.
+ * - Posts and rings to a remote node are system calls (PCIENTB_METHOD_POST, RING) that
+ *   write through the window with the bridge's semaphore held for reading. The work item
+ *   holds it for writing while it removes a remote node, so no write reaches that node
+ *   after its removal.
+ * - A node's area is freed only once the peer module cannot write it. The peer acks a
+ *   node (the ack word = its nonce) before it lets any write go to it, and acks 0 after
+ *   removing it; a dying node is written dead into the peer's inbox, and its area is kept
+ *   while the ack names it. Each side writes, flushes (a read through the window) and then
+ *   reads the other's word, so one of the two always sees the other: either the peer sees
+ *   the node dead and never acks it, or this side sees the ack and keeps the area.
+ */
+#include <linux/io.h>
+#include <linux/dma-mapping.h>
+#include <linux/ntb.h>
+#include <linux/rwsem.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/workqueue.h>
+#include <asm/unaligned.h>
+
+#define UVERBS_MODULE_NAME pcientb
+#include <rdma/uverbs_named_ioctl.h>
+
+#include "pcientb.h"
+#include "pcientb_ib.h"
+#include "pcientb-abi.h"
+
+enum {
+	SPAD_INBOX_LO = 3,
+	SPAD_INBOX_HI = 4,
+	SPAD_BRIDGE = 5, /* BRIDGE_MAGIC while the inbox address stands */
+};
+#define BRIDGE_MAGIC 0x42524731 /* "BRG1" */
+#define LIDS PCIENTB_LIDS_PER_PORT
+#define POST_PIECE 256
+
+struct inbox_node {
+	__le64 nonce;
+	__le32 life; /* non-zero while the node lives: written last */
+	__le32 chunks;
+	__le64 chunk[PCIENTB_AREA_CHUNKS_MAX]; /* offsets in the peer's window onto its host */
+};
+
+struct inbox {
+	__le64 rings[LIDS]; /* by our LID: rings counted by the peer */
+	__le64 acks[LIDS]; /* by our LID: the nonce of ours the peer knows, or 0 */
+	struct inbox_node nodes[LIDS]; /* by the peer's LID: its nodes */
+};
+
+/* The area of a node of ours that is gone, while the peer module may still write it. */
+struct kept_area {
+	struct list_head node;
+	u32 idx;
+	u64 nonce;
+	struct pcientb_area *area;
+};
+
+struct pcientb_bridge {
+	struct pcientb_ib *dev;
+	struct ntb_dev *ntb;
+	int widx;
+	struct inbox *in; /* written by the peer */
+	dma_addr_t in_dma;
+	struct rw_semaphore sem; /* write: connect, disconnect, publish, scan; read: post, ring */
+	bool connected; /* the peer's inbox is mapped */
+	bool ever; /* was connected once: a peer may know our nodes */
+	u64 trans_size; /* our inbound translation: [0, trans_size) */
+	void __iomem *out; /* the peer's window onto its host */
+	resource_size_t out_size;
+	struct inbox __iomem *peer_in;
+	u32 own_base, peer_base; /* the LIDs of index 0 */
+	atomic64_t ring_out[LIDS]; /* by the peer's LID */
+	u64 ring_seen[LIDS]; /* by ours */
+	struct list_head kept;
+	struct work_struct work;
+};
+
+static void to_window(void __iomem *dst, const u8 *src, size_t n)
+{
+	/* Aligned words go whole: they are what a reader checks (the contract's rule). */
+	while (n && !IS_ALIGNED((unsigned long)dst, 8)) {
+		if (IS_ALIGNED((unsigned long)dst, 4) && n >= 4) {
+			iowrite32(get_unaligned((const u32 *)src), dst);
+			dst += 4, src += 4, n -= 4;
+		} else {
+			iowrite8(*src, dst);
+			dst++, src++, n--;
+		}
+	}
+	for (; n >= 8; dst += 8, src += 8, n -= 8)
+		writeq(get_unaligned((const u64 *)src), dst);
+	if (n >= 4) {
+		iowrite32(get_unaligned((const u32 *)src), dst);
+		dst += 4, src += 4, n -= 4;
+	}
+	for (; n; dst++, src++, n--)
+		iowrite8(*src, dst);
+}
+
+static void ring_peer(struct pcientb_bridge *b)
+{
+	ntb_peer_db_set(b->ntb, BIT_ULL(PCIENTB_DB_BRIDGE));
+}
+
+/* What the peer module knows of its node at `idx`: written, then flushed (a read back). */
+static void set_ack(struct pcientb_bridge *b, u32 idx, u64 nonce)
+{
+	writeq(nonce, &b->peer_in->acks[idx]);
+	wmb();
+	readq(&b->peer_in->acks[idx]);
+}
+
+/* Our node at `idx` as the peer is to see it (area NULL: gone, or none). */
+static void write_entry(struct pcientb_bridge *b, u32 idx, u64 nonce, struct pcientb_area *area)
+{
+	struct inbox_node __iomem *e = &b->peer_in->nodes[idx];
+	unsigned int i;
+
+	iowrite32(0, &e->life);
+	wmb();
+	writeq(nonce, &e->nonce);
+	if (area) {
+		for (i = 0; i < area->chunks; i++)
+			if (page_to_phys(area->chunk[i]) + PCIENTB_CHUNK_BYTES > b->trans_size)
+				break;
+		if (i < area->chunks || area->chunks > PCIENTB_AREA_CHUNKS_MAX) {
+			dev_warn_ratelimited(&b->ntb->dev,
+					     "node %u: its area is beyond the window\n",
+					     b->own_base + idx);
+			area = NULL;
+		}
+	}
+	if (area) {
+		iowrite32(area->chunks, &e->chunks);
+		for (i = 0; i < area->chunks; i++)
+			writeq(page_to_phys(area->chunk[i]), &e->chunk[i]);
+		wmb();
+		iowrite32((u32)nonce | 1, &e->life);
+	}
+	wmb();
+	ioread32(&e->life); /* flushed: the peer's next look sees it */
+}
+
+static struct pcientb_node *local_node(struct pcientb_bridge *b, u32 idx)
+{
+	struct pcientb_node *node = pcientb_node_get(b->dev, b->own_base + idx);
+
+	if (node && !node->area) {
+		pcientb_node_put(node);
+		node = NULL;
+	}
+	return node;
+}
+
+static struct pcientb_node *remote_node(struct pcientb_bridge *b, u32 idx)
+{
+	struct pcientb_node *node = pcientb_node_get(b->dev, b->peer_base + idx);
+
+	if (node && node->area) {
+		pcientb_node_put(node);
+		node = NULL;
+	}
+	return node;
+}
+
+static void disconnect(struct pcientb_bridge *b)
+{
+	struct pcientb_node *node;
+	u32 idx;
+
+	if (!b->connected)
+		return;
+	b->connected = false;
+	for (idx = 0; idx < LIDS; idx++) {
+		node = remote_node(b, idx);
+		if (node) {
+			pcientb_remote_remove(b->dev, node);
+			pcientb_node_put(node);
+		}
+	}
+	iounmap(b->out);
+	b->out = NULL;
+	b->peer_in = NULL;
+}
+
+static void connect(struct pcientb_bridge *b)
+{
+	resource_size_t addr_align, size_align, size_max, size;
+	struct pcientb_node *node;
+	struct kept_area *k;
+	phys_addr_t base;
+	int port, peer;
+	u64 off;
+	u32 idx;
+
+	if (b->connected)
+		return;
+	port = ntb_port_number(b->ntb);
+	peer = ntb_peer_port_number(b->ntb, 0);
+	if (peer < 0)
+		return;
+	b->own_base = (port & 1) * LIDS;
+	b->peer_base = (peer & 1) * LIDS;
+	if (ntb_mw_get_align(b->ntb, 0, b->widx, &addr_align, &size_align, &size_max))
+		return;
+	b->trans_size = round_down(size_max, max(size_align, (resource_size_t)PAGE_SIZE));
+	if (b->in_dma + sizeof(*b->in) > b->trans_size ||
+	    ntb_mw_set_trans(b->ntb, 0, b->widx, 0, b->trans_size)) {
+		dev_warn_once(&b->ntb->dev,
+			      "the bridge's window cannot cover this host's memory\n");
+		return;
+	}
+	ntb_spad_write(b->ntb, SPAD_INBOX_LO, lower_32_bits(b->in_dma));
+	ntb_spad_write(b->ntb, SPAD_INBOX_HI, upper_32_bits(b->in_dma));
+	ntb_spad_write(b->ntb, SPAD_BRIDGE, BRIDGE_MAGIC);
+	ring_peer(b); /* a peer that looked before now finds the inbox */
+	if (ntb_peer_spad_read(b->ntb, 0, SPAD_BRIDGE) != BRIDGE_MAGIC)
+		return;
+	off = (u64)ntb_peer_spad_read(b->ntb, 0, SPAD_INBOX_HI) << 32 |
+	      ntb_peer_spad_read(b->ntb, 0, SPAD_INBOX_LO);
+	if (ntb_peer_mw_get_addr(b->ntb, b->widx, &base, &size))
+		return;
+	if (off > size || size - off < sizeof(struct inbox)) {
+		dev_warn_ratelimited(&b->ntb->dev, "the peer's inbox is beyond its window\n");
+		return;
+	}
+	b->out = ioremap_wc(base, size);
+	if (!b->out)
+		return;
+	b->out_size = size;
+	b->peer_in = b->out + off;
+	b->connected = true;
+	b->ever = true;
+	/* The peer's view of our nodes, anew: nothing known of its nodes, ours as they are. */
+	for (idx = 0; idx < LIDS; idx++) {
+		writeq(0, &b->peer_in->acks[idx]);
+		node = local_node(b, idx);
+		write_entry(b, idx, node ? node->nonce : 0, node ? node->area : NULL);
+		if (node)
+			pcientb_node_put(node);
+	}
+	/* Nodes that went while the link was down: the peer may still know them. */
+	list_for_each_entry(k, &b->kept, node) {
+		node = local_node(b, k->idx);
+		if (node)
+			pcientb_node_put(node); /* its successor's entry is written */
+		else
+			write_entry(b, k->idx, k->nonce, NULL);
+	}
+	dev_info(&b->ntb->dev, "bridge to the peer's nodes up\n");
+}
+
+/* The peer's node at `idx` as its inbox entry says: added, replaced or removed. */
+static bool scan_node(struct pcientb_bridge *b, u32 idx)
+{
+	struct inbox_node *e = &b->in->nodes[idx];
+	u64 off[PCIENTB_AREA_CHUNKS_MAX];
+	struct pcientb_node *cur = remote_node(b, idx);
+	u32 life = le32_to_cpu(READ_ONCE(e->life)), chunks, i;
+	bool acked = false;
+	u64 nonce;
+
+	rmb();
+	nonce = le64_to_cpu(READ_ONCE(e->nonce));
+	if (cur && life && cur->nonce == nonce) {
+		pcientb_node_put(cur);
+		return false;
+	}
+	if (cur) {
+		pcientb_remote_remove(b->dev, cur);
+		pcientb_node_put(cur);
+		set_ack(b, idx, 0);
+		acked = true;
+	}
+	if (!life)
+		return acked;
+	chunks = le32_to_cpu(READ_ONCE(e->chunks));
+	if (!chunks || chunks > PCIENTB_AREA_CHUNKS_MAX)
+		return acked;
+	for (i = 0; i < chunks; i++) {
+		off[i] = le64_to_cpu(READ_ONCE(e->chunk[i]));
+		if (off[i] > b->out_size || b->out_size - off[i] < PCIENTB_CHUNK_BYTES)
+			return acked;
+	}
+	/* Acked before anything is written to it, and looked at again after the flush. */
+	set_ack(b, idx, nonce);
+	rmb();
+	if (le32_to_cpu(READ_ONCE(e->life)) != life || le64_to_cpu(READ_ONCE(e->nonce)) != nonce ||
+	    pcientb_remote_add(b->dev, b->peer_base + idx, nonce, chunks, off))
+		set_ack(b, idx, 0);
+	return true;
+}
+
+static void bridge_work(struct work_struct *work)
+{
+	struct pcientb_bridge *b = container_of(work, struct pcientb_bridge, work);
+	struct kept_area *k, *next;
+	struct pcientb_node *node;
+	bool told = false;
+	u64 v;
+	u32 idx;
+
+	down_write(&b->sem);
+	if (!ntb_link_is_up(b->ntb, NULL, NULL)) {
+		disconnect(b);
+		goto out;
+	}
+	connect(b);
+	if (!b->connected)
+		goto out;
+	for (idx = 0; idx < LIDS; idx++)
+		told |= scan_node(b, idx);
+	for (idx = 0; idx < LIDS; idx++) {
+		v = le64_to_cpu(READ_ONCE(b->in->rings[idx]));
+		if (v == b->ring_seen[idx])
+			continue;
+		b->ring_seen[idx] = v;
+		node = local_node(b, idx);
+		if (node) {
+			pcientb_node_signal(node);
+			pcientb_node_put(node);
+		}
+	}
+	if (told)
+		ring_peer(b); /* its kept areas may go now */
+out:
+	/* Areas of ours that the peer no longer knows. */
+	list_for_each_entry_safe(k, next, &b->kept, node) {
+		if (le64_to_cpu(READ_ONCE(b->in->acks[k->idx])) == k->nonce)
+			continue;
+		list_del(&k->node);
+		pcientb_area_put(k->area);
+		kfree(k);
+	}
+	up_write(&b->sem);
+}
+
+/* A link event or the peer's doorbell: look at the inbox. Any context. */
+void pcientb_bridge_kick(struct pcientb_ib *dev)
+{
+	if (dev->bridge)
+		queue_work(system_highpri_wq, &dev->bridge->work);
+}
+
+/*
+ * Our node `lid` came (area: its area) or went (area: the area it had): the peer learns
+ * it. A gone node's area is kept while the peer may still write it.
+ */
+void pcientb_bridge_publish(struct pcientb_ib *dev, u32 lid, u64 nonce, struct pcientb_area *area,
+			    bool alive)
+{
+	struct pcientb_bridge *b = dev->bridge;
+	u32 idx = lid - (b ? b->own_base : 0);
+	struct kept_area *k;
+
+	if (!b)
+		return;
+	down_write(&b->sem);
+	if (b->connected) {
+		write_entry(b, idx, nonce, alive ? area : NULL);
+		ring_peer(b);
+	}
+	/* Dead, written and flushed: now the ack tells whether the peer knew it. */
+	if (!alive &&
+	    ((b->ever && !b->connected) || le64_to_cpu(READ_ONCE(b->in->acks[idx])) == nonce)) {
+		k = kmalloc(sizeof(*k), GFP_KERNEL | __GFP_NOFAIL);
+		k->idx = idx;
+		k->nonce = nonce;
+		k->area = area;
+		kref_get(&area->ref);
+		list_add(&k->node, &b->kept);
+	}
+	up_write(&b->sem);
+}
+
+int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node)
+{
+	struct pcientb_bridge *b = dev->bridge;
+	u32 idx;
+	int rc = -ENOENT;
+
+	if (!b)
+		return rc;
+	idx = node->lid - b->peer_base;
+	down_read(&b->sem);
+	if (b->connected && !READ_ONCE(node->dead)) {
+		writeq(atomic64_inc_return(&b->ring_out[idx]), &b->peer_in->rings[idx]);
+		wmb();
+		ring_peer(b);
+		rc = 0;
+	}
+	up_read(&b->sem);
+	return rc;
+}
+
+/* Writes `len` bytes from user memory at `addr` to [off, off + len) of a remote node's area. */
+static int post(struct pcientb_bridge *b, struct pcientb_node *node, u64 off, u64 addr, u64 len)
+{
+	u64 size = (u64)node->chunks * PCIENTB_CHUNK_BYTES, at;
+	u8 buf[POST_PIECE];
+	size_t n;
+	int rc = 0;
+
+	if (off > size || len > size - off)
+		return -EFAULT;
+	down_read(&b->sem);
+	if (!b->connected || READ_ONCE(node->dead))
+		rc = -ENOENT;
+	while (!rc && len) {
+		at = off % PCIENTB_CHUNK_BYTES;
+		n = min3(len, (u64)POST_PIECE, PCIENTB_CHUNK_BYTES - at);
+		if (copy_from_user(buf, u64_to_user_ptr(addr), n)) {
+			rc = -EFAULT;
+			break;
+		}
+		to_window(b->out + node->chunk_off[off / PCIENTB_CHUNK_BYTES] + at, buf, n);
+		off += n, addr += n, len -= n;
+	}
+	wmb(); /* this post lands before the next */
+	up_read(&b->sem);
+	return rc;
+}
+
+static int UVERBS_HANDLER(PCIENTB_METHOD_POST)(struct uverbs_attr_bundle *attrs)
+{
+	struct ib_ucontext *ibuc = ib_uverbs_get_ucontext(attrs);
+	struct pcientb_node *node;
+	struct pcientb_post cmd;
+	struct pcientb_ib *dev;
+	int rc;
+
+	if (IS_ERR(ibuc))
+		return PTR_ERR(ibuc);
+	rc = uverbs_copy_from(&cmd, attrs, PCIENTB_ATTR_POST_CMD);
+	if (rc)
+		return rc;
+	if (cmd.reserved || cmd.lid >= PCIENTB_LIDS)
+		return -EINVAL;
+	dev = to_dev(ibuc->device);
+	node = pcientb_node_get(dev, cmd.lid);
+	if (!node)
+		return -ENOENT;
+	/* A node of this host is mapped and written by the process itself. */
+	rc = node->area || !dev->bridge ? -EINVAL :
+					  post(dev->bridge, node, cmd.offset, cmd.addr, cmd.length);
+	pcientb_node_put(node);
+	return rc;
+}
+
+DECLARE_UVERBS_NAMED_METHOD(PCIENTB_METHOD_POST,
+			    UVERBS_ATTR_PTR_IN(PCIENTB_ATTR_POST_CMD,
+					       UVERBS_ATTR_TYPE(struct pcientb_post),
+					       UA_MANDATORY));
+
+ADD_UVERBS_METHODS(pcientb_bridge_methods, UVERBS_OBJECT_DEVICE,
+		   &UVERBS_METHOD(PCIENTB_METHOD_POST));
+
+const struct uapi_definition pcientb_bridge_defs[] = {
+	UAPI_DEF_CHAIN_OBJ_TREE(UVERBS_OBJECT_DEVICE, &pcientb_bridge_methods),
+	{},
+};
+
+/* Before the device registers; without a second window the port reaches no peer's nodes. */
+int pcientb_bridge_init(struct pcientb_ib *dev)
+{
+	struct ntb_dev *ntb = dev->ntb;
+	struct pcientb_bridge *b;
+	int windows = ntb_mw_count(ntb, 0);
+
+	if (windows < 2) {
+		dev_info(&ntb->dev, "one memory window: no bridge to the peer's nodes\n");
+		return 0;
+	}
+	b = kzalloc(sizeof(*b), GFP_KERNEL);
+	if (!b)
+		return -ENOMEM;
+	b->in = dma_alloc_coherent(&ntb->pdev->dev, sizeof(*b->in), &b->in_dma, GFP_KERNEL);
+	if (!b->in) {
+		kfree(b);
+		return -ENOMEM;
+	}
+	b->dev = dev;
+	b->ntb = ntb;
+	b->widx = windows - 1;
+	init_rwsem(&b->sem);
+	INIT_LIST_HEAD(&b->kept);
+	INIT_WORK(&b->work, bridge_work);
+	dev->bridge = b;
+	return 0;
+}
+
+/* After the device unregistered: no context is left, no event comes. */
+void pcientb_bridge_destroy(struct pcientb_ib *dev)
+{
+	struct pcientb_bridge *b = dev->bridge;
+	struct kept_area *k, *next;
+
+	if (!b)
+		return;
+	cancel_work_sync(&b->work);
+	down_write(&b->sem);
+	disconnect(b);
+	up_write(&b->sem);
+	ntb_spad_write(b->ntb, SPAD_BRIDGE, 0);
+	ntb_mw_clear_trans(b->ntb, 0, b->widx);
+	list_for_each_entry_safe(k, next, &b->kept, node) {
+		pcientb_area_put(k->area);
+		kfree(k);
+	}
+	dma_free_coherent(&b->ntb->pdev->dev, sizeof(*b->in), b->in, b->in_dma);
+	kfree(b);
+	dev->bridge = NULL;
+}
