@@ -51,6 +51,9 @@ enum {
 #define BRIDGE_MAGIC 0x42524731 /* "BRG1" */
 #define LIDS PCIENTB_LIDS_PER_PORT
 #define POST_PIECE 256
+#define MOVERS 32 /* moves of this host's nodes into the peer's regions at once */
+#define MOVING BIT_ULL(63) /* a mover's word: MOVING | the key of the region it moves */
+#define MOVE_LOOK_PAGES 256 /* a mover looks again whether its region stands, every 1 MiB */
 
 struct inbox_node {
 	__le64 nonce;
@@ -63,6 +66,23 @@ struct inbox {
 	__le64 rings[LIDS]; /* by our LID: rings counted by the peer */
 	__le64 acks[LIDS]; /* by our LID: the nonce of ours the peer knows, or 0 */
 	struct inbox_node nodes[LIDS]; /* by the peer's LID: its nodes */
+	__le64 regions; /* where the peer's region table is in our window onto it */
+	__le64 movers[MOVERS]; /* the peer's moves into our regions: MOVING | key, or 0 */
+};
+
+/*
+ * A region of ours as the peer's movers read it (through their window): its pages'
+ * addresses are a list in our memory, from the first page of the region on.
+ */
+struct region {
+	__le32 key; /* 0: none (written first when it goes, last when it comes) */
+	__le32 lid;
+	__le32 access;
+	__le32 reserved;
+	__le64 iova;
+	__le64 length;
+	__le64 first; /* the region's offset in its first page */
+	__le64 pages; /* the list's address */
 };
 
 /* The area of a node of ours that is gone, while the peer module may still write it. */
@@ -89,6 +109,10 @@ struct pcientb_bridge {
 	u32 own_base, peer_base; /* the LIDs of index 0 */
 	atomic64_t ring_out[LIDS]; /* by the peer's LID */
 	u64 ring_seen[LIDS]; /* by ours */
+	struct region *regions; /* by key index: ours, read by the peer */
+	struct semaphore movers_free;
+	spinlock_t movers_lock;
+	unsigned long movers_used[BITS_TO_LONGS(MOVERS)];
 	struct list_head kept;
 	struct work_struct work;
 };
@@ -223,6 +247,7 @@ static void connect(struct pcientb_bridge *b)
 		return;
 	b->trans_size = round_down(size_max, max(size_align, (resource_size_t)PAGE_SIZE));
 	if (b->in_dma + sizeof(*b->in) > b->trans_size ||
+	    virt_to_phys(b->regions) + PCIENTB_MAX_MR * sizeof(*b->regions) > b->trans_size ||
 	    ntb_mw_set_trans(b->ntb, 0, b->widx, 0, b->trans_size)) {
 		dev_warn_once(&b->ntb->dev,
 			      "the bridge's window cannot cover this host's memory\n");
@@ -249,6 +274,10 @@ static void connect(struct pcientb_bridge *b)
 	b->peer_in = b->out + off;
 	b->connected = true;
 	b->ever = true;
+	/* Where our regions are; none of ours moves (a move in flight held the link up). */
+	writeq(virt_to_phys(b->regions), &b->peer_in->regions);
+	for (idx = 0; idx < MOVERS; idx++)
+		writeq(0, &b->peer_in->movers[idx]);
 	/* The peer's view of our nodes, anew: nothing known of its nodes, ours as they are. */
 	for (idx = 0; idx < LIDS; idx++) {
 		writeq(0, &b->peer_in->acks[idx]);
@@ -439,6 +468,179 @@ static int post(struct pcientb_bridge *b, struct pcientb_node *node, u64 off, u6
 	return rc;
 }
 
+/*
+ * Our region `key` (index `index`) as the peer's movers see it. `pages`: the physical
+ * address of each page, from the region's first (kept by the caller until unexported).
+ */
+void pcientb_bridge_export(struct pcientb_ib *dev, u32 index, u32 key, u32 lid, int access,
+			   u64 iova, u64 length, u64 first, const u64 *pages)
+{
+	struct pcientb_bridge *b = dev->bridge;
+	struct region *r;
+
+	if (!b)
+		return;
+	r = &b->regions[index];
+	r->lid = cpu_to_le32(lid);
+	r->access = cpu_to_le32(access);
+	r->iova = cpu_to_le64(iova);
+	r->length = cpu_to_le64(length);
+	r->first = cpu_to_le64(first);
+	r->pages = cpu_to_le64(virt_to_phys((void *)pages));
+	smp_wmb();
+	WRITE_ONCE(r->key, cpu_to_le32(key));
+}
+
+static bool peer_moves(struct pcientb_bridge *b, u32 key)
+{
+	unsigned int s;
+
+	for (s = 0; s < MOVERS; s++)
+		if (le64_to_cpu(READ_ONCE(b->in->movers[s])) == (MOVING | key))
+			return true;
+	return false;
+}
+
+/*
+ * Our region goes: once this returns, no move of the peer's reaches its pages. A mover
+ * names the key in our inbox, then reads the region; here the region is taken back, then
+ * the movers' words are read: one of the two sees the other (the header's argument). A
+ * mover looks again every MOVE_LOOK_PAGES, so the wait is short; a peer that stopped
+ * with its word set (its host died) is waited for 2 s at most.
+ */
+void pcientb_bridge_unexport(struct pcientb_ib *dev, u32 index, u32 key)
+{
+	struct pcientb_bridge *b = dev->bridge;
+	unsigned long end = jiffies + 2 * HZ;
+
+	if (!b || le32_to_cpu(READ_ONCE(b->regions[index].key)) != key)
+		return;
+	WRITE_ONCE(b->regions[index].key, 0);
+	smp_mb();
+	while (peer_moves(b, key)) {
+		if (time_after(jiffies, end) && !ntb_link_is_up(b->ntb, NULL, NULL)) {
+			dev_warn(&b->ntb->dev, "region %#x: a stopped peer still names it\n", key);
+			break;
+		}
+		usleep_range(20, 100);
+	}
+}
+
+/* Reads the peer's region `key` of node `lid`; 0 or the error the move returns. */
+static int peer_region(struct pcientb_bridge *b, u32 lid, u32 key, struct region *r)
+{
+	u64 table = le64_to_cpu(READ_ONCE(b->in->regions)), at;
+
+	at = table + (u64)(key >> 8) * sizeof(*r);
+	if (!table || at > b->out_size || b->out_size - at < sizeof(*r))
+		return -ENOENT;
+	memcpy_fromio(r, b->out + at, sizeof(*r));
+	if (le32_to_cpu(r->key) != key || le32_to_cpu(r->lid) != lid)
+		return -ENOENT;
+	return 0;
+}
+
+/*
+ * A move between the caller's memory and region `key` of a node across the bridge: the
+ * peer's region table says where its pages are, the CPU copies through the window (the
+ * DMA engine is the next step).
+ */
+static int move(struct pcientb_bridge *b, struct pcientb_node *node, const struct pcientb_move *cmd,
+		u8 *bounce)
+{
+	bool to_region = cmd->dir == PCIENTB_MOVE_WRITE;
+	u64 addr[64], off, len = cmd->length, uaddr = cmd->addr, page, pa;
+	unsigned int n = 0, got = 0, looked = 0;
+	struct region r;
+	size_t in_page, chunk;
+	int rc;
+
+	rc = peer_region(b, node->lid, cmd->window, &r);
+	if (rc)
+		return rc;
+	if (cmd->raddr < le64_to_cpu(r.iova) || len > le64_to_cpu(r.length) ||
+	    cmd->raddr - le64_to_cpu(r.iova) > le64_to_cpu(r.length) - len)
+		return -ERANGE;
+	if (!(le32_to_cpu(r.access) & (to_region ? IB_ACCESS_REMOTE_WRITE : IB_ACCESS_REMOTE_READ)))
+		return -EACCES;
+	off = cmd->raddr - le64_to_cpu(r.iova) + le64_to_cpu(r.first);
+	page = off >> PAGE_SHIFT;
+	while (len) {
+		if (n == got) { /* the next addresses of the page list, 64 at a time */
+			if (looked++ % (MOVE_LOOK_PAGES / 64) == 0 && looked > 1) {
+				rc = peer_region(b, node->lid, cmd->window, &r);
+				if (rc)
+					return rc;
+			}
+			pa = le64_to_cpu(r.pages) + page * sizeof(u64);
+			got = min_t(u64, ARRAY_SIZE(addr),
+				    DIV_ROUND_UP(len + (off & ~PAGE_MASK), PAGE_SIZE));
+			if (pa > b->out_size || b->out_size - pa < got * sizeof(u64))
+				return -EFAULT;
+			memcpy_fromio(addr, b->out + pa, got * sizeof(u64));
+			n = 0;
+		}
+		pa = le64_to_cpu(addr[n++]);
+		page++;
+		in_page = off & ~PAGE_MASK;
+		chunk = min_t(u64, len, PAGE_SIZE - in_page);
+		if (!PAGE_ALIGNED(pa) || pa > b->out_size || b->out_size - pa < PAGE_SIZE)
+			return -EFAULT;
+		if (to_region) {
+			if (copy_from_user(bounce, u64_to_user_ptr(uaddr), chunk))
+				return -EFAULT;
+			memcpy_toio(b->out + pa + in_page, bounce, chunk);
+		} else {
+			memcpy_fromio(bounce, b->out + pa + in_page, chunk);
+			if (copy_to_user(u64_to_user_ptr(uaddr), bounce, chunk))
+				return -EFAULT;
+		}
+		off += chunk;
+		uaddr += chunk;
+		len -= chunk;
+		if (fatal_signal_pending(current))
+			return -EINTR;
+	}
+	return 0;
+}
+
+int pcientb_bridge_move(struct pcientb_ib *dev, struct pcientb_node *node,
+			const struct pcientb_move *cmd)
+{
+	struct pcientb_bridge *b = dev->bridge;
+	u8 *bounce = kmalloc(PAGE_SIZE, GFP_KERNEL);
+	unsigned int s;
+	int rc = -ENOENT;
+
+	if (!bounce)
+		return -ENOMEM;
+	if (down_interruptible(&b->movers_free)) {
+		kfree(bounce);
+		return -EINTR;
+	}
+	spin_lock(&b->movers_lock);
+	s = find_first_zero_bit(b->movers_used, MOVERS);
+	__set_bit(s, b->movers_used);
+	spin_unlock(&b->movers_lock);
+	down_read(&b->sem);
+	if (b->connected && !READ_ONCE(node->dead)) {
+		/* Named, flushed, then the region is read (the argument at unexport). */
+		writeq(MOVING | cmd->window, &b->peer_in->movers[s]);
+		wmb();
+		readq(&b->peer_in->movers[s]);
+		rc = move(b, node, cmd, bounce);
+		wmb(); /* the moved bytes, then the word that lets the region go */
+		writeq(0, &b->peer_in->movers[s]);
+	}
+	up_read(&b->sem);
+	spin_lock(&b->movers_lock);
+	__clear_bit(s, b->movers_used);
+	spin_unlock(&b->movers_lock);
+	up(&b->movers_free);
+	kfree(bounce);
+	return rc;
+}
+
 static int UVERBS_HANDLER(PCIENTB_METHOD_POST)(struct uverbs_attr_bundle *attrs)
 {
 	struct ib_ucontext *ibuc = ib_uverbs_get_ucontext(attrs);
@@ -497,6 +699,15 @@ int pcientb_bridge_init(struct pcientb_ib *dev)
 		kfree(b);
 		return -ENOMEM;
 	}
+	b->regions =
+		alloc_pages_exact(PCIENTB_MAX_MR * sizeof(*b->regions), GFP_KERNEL | __GFP_ZERO);
+	if (!b->regions) {
+		dma_free_coherent(&ntb->pdev->dev, sizeof(*b->in), b->in, b->in_dma);
+		kfree(b);
+		return -ENOMEM;
+	}
+	sema_init(&b->movers_free, MOVERS);
+	spin_lock_init(&b->movers_lock);
 	b->dev = dev;
 	b->ntb = ntb;
 	b->widx = windows - 1;
@@ -526,6 +737,7 @@ void pcientb_bridge_destroy(struct pcientb_ib *dev)
 		kfree(k);
 	}
 	dma_free_coherent(&b->ntb->pdev->dev, sizeof(*b->in), b->in, b->in_dma);
+	free_pages_exact(b->regions, PCIENTB_MAX_MR * sizeof(*b->regions));
 	kfree(b);
 	dev->bridge = NULL;
 }

@@ -108,6 +108,11 @@ void pcientb_bridge_destroy(struct pcientb_ib *dev);
 void pcientb_bridge_publish(struct pcientb_ib *dev, u32 lid, u64 nonce, struct pcientb_area *area,
 			    bool alive);
 int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node);
+void pcientb_bridge_export(struct pcientb_ib *dev, u32 index, u32 key, u32 lid, int access,
+			   u64 iova, u64 length, u64 first, const u64 *pages);
+void pcientb_bridge_unexport(struct pcientb_ib *dev, u32 index, u32 key);
+int pcientb_bridge_move(struct pcientb_ib *dev, struct pcientb_node *node,
+			const struct pcientb_move *cmd);
 int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma);
 
 struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,

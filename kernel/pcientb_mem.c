@@ -16,8 +16,9 @@
  * PCIENTB_METHOD_MOVE (uapi/pcientb-abi.h) moves bytes between a caller's memory and a
  * region of a node of this host, checked here (the region is that node's, bounds,
  * rights): the fabric's one-sided write and read between the nodes of one host, a CPU
- * copy. A move holds a reference on the region; deregistration waits for the moves under
- * way, so none reaches the pages after ibv_dereg_mr returned.
+ * copy; or of a node across the bridge (pcientb_bridge.c, which the region table there
+ * tells where a region's pages are). A move holds a reference on the region; deregistration waits
+ * for the moves under way, so none reaches the pages after ibv_dereg_mr returned.
  */
 #include <linux/highmem.h>
 #include <linux/rcupdate.h>
@@ -42,6 +43,7 @@ struct pcientb_mr {
 	struct ib_umem *umem;
 	u32 lid; /* its context's: the node whose window it is */
 	int access;
+	u64 *pages; /* the physical address of each page: what the peer host's moves read */
 	refcount_t refs; /* the table's, and one per move under way */
 	struct completion unused; /* the last reference went */
 	struct rcu_head rcu;
@@ -51,6 +53,31 @@ static void mr_put(struct pcientb_mr *mr)
 {
 	if (refcount_dec_and_test(&mr->refs))
 		complete(&mr->unused);
+}
+
+/*
+ * The peer host's nodes reach the region through the bridge: the list of its pages'
+ * addresses goes into the bridge's region table. A region whose list the allocator cannot
+ * give in one piece (over 2 GiB) stays out of the peer's reach (its moves get ENOENT).
+ */
+static void export(struct pcientb_ib *dev, struct pcientb_mr *mr)
+{
+	size_t n = ib_umem_num_pages(mr->umem), i = 0;
+	struct sg_page_iter it;
+
+	if (!dev->bridge)
+		return;
+	mr->pages = kmalloc_array(n, sizeof(*mr->pages), GFP_KERNEL | __GFP_NOWARN);
+	if (!mr->pages)
+		return;
+	for_each_sgtable_page(&mr->umem->sgt_append.sgt, &it, 0)
+	{
+		if (i == n)
+			break;
+		mr->pages[i++] = page_to_phys(sg_page_iter_page(&it));
+	}
+	pcientb_bridge_export(dev, mr->ibmr.lkey >> 8, mr->ibmr.lkey, mr->lid, mr->access,
+			      mr->ibmr.iova, mr->ibmr.length, ib_umem_offset(mr->umem), mr->pages);
 }
 
 struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova, int access,
@@ -95,6 +122,7 @@ struct ib_mr *pcientb_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64
 	mr->ibmr.iova = iova;
 	mr->ibmr.length = length;
 	xa_store(&dev->mrs, index, mr, GFP_KERNEL); /* into the reserved slot: cannot fail */
+	export(dev, mr);
 	return &mr->ibmr;
 
 release:
@@ -108,10 +136,13 @@ int pcientb_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 {
 	struct pcientb_mr *mr = container_of(ibmr, struct pcientb_mr, ibmr);
 
+	if (mr->pages)
+		pcientb_bridge_unexport(to_dev(ibmr->device), ibmr->lkey >> 8, ibmr->lkey);
 	xa_erase(&to_dev(ibmr->device)->mrs, ibmr->lkey >> 8);
 	mr_put(mr);
 	wait_for_completion(&mr->unused); /* the moves under way */
 	ib_umem_release(mr->umem);
+	kfree(mr->pages);
 	kfree_rcu(mr, rcu); /* a lookup may still be looking at it */
 	return 0;
 }
@@ -160,6 +191,7 @@ static int mr_copy(struct pcientb_mr *mr, u64 off, u64 uaddr, u64 len, bool to_m
 static int UVERBS_HANDLER(PCIENTB_METHOD_MOVE)(struct uverbs_attr_bundle *attrs)
 {
 	struct ib_ucontext *ibuc = ib_uverbs_get_ucontext(attrs);
+	struct pcientb_node *node;
 	struct pcientb_move cmd;
 	struct pcientb_mr *mr;
 	bool to_mr;
@@ -173,6 +205,14 @@ static int UVERBS_HANDLER(PCIENTB_METHOD_MOVE)(struct uverbs_attr_bundle *attrs)
 	if (cmd.reserved || cmd.dir > PCIENTB_MOVE_READ || !cmd.length)
 		return -EINVAL;
 	to_mr = cmd.dir == PCIENTB_MOVE_WRITE;
+	node = pcientb_node_get(to_dev(ibuc->device), cmd.lid);
+	if (node && !node->area) { /* a node across the bridge */
+		rc = pcientb_bridge_move(to_dev(ibuc->device), node, &cmd);
+		pcientb_node_put(node);
+		return rc;
+	}
+	if (node)
+		pcientb_node_put(node);
 	mr = mr_get(to_dev(ibuc->device), cmd.lid, cmd.window);
 	if (!mr)
 		return -ENOENT;

@@ -60,16 +60,17 @@ pair rc_pingpong "ibv_rc_pingpong -d pcientb0 -n 200 -s 4096 -p 18515"
 # perftest's RDMA WRITE and READ: one-sided moves between the two nodes (the module's).
 pair ib_write_bw "ib_write_bw -d pcientb0 -s 65536 -n 100 -p 18516"
 pair ib_read_bw "ib_read_bw -d pcientb0 -s 65536 -n 100 -p 18517"
-# Across the bridge: the server on pcientb1, the client on pcientb0 (the other "host"),
-# SENDs small enough to travel in the posts (no move across the bridge yet).
+# Across the bridge: the server on pcientb1, the client on pcientb0 (the other "host").
 pair_across() {
   say "verbs: pair $1"
   host sh -c "timeout 90 $2 -d pcientb1 >/dev/pair-server 2>&1 & i=0
     until timeout 90 $2 -d pcientb0 127.0.0.1; do i=\$((i + 1)); [ \$i -ge 30 ] && break; sleep 1; done
     wait; cat /dev/pair-server"
 }
-pair_across rc_pingpong_across "ibv_rc_pingpong -n 200 -s 512 -p 18518"
+pair_across rc_pingpong_across "ibv_rc_pingpong -n 200 -s 4096 -p 18518"
 pair_across ib_send_lat_across "ib_send_lat -s 64 -n 200 -p 18519"
+pair_across ib_write_bw_across "ib_write_bw -s 65536 -n 100 -p 18520"
+pair_across ib_read_bw_across "ib_read_bw -s 65536 -n 100 -p 18521"
 # Link down and up: port 1's device leaves the driver and comes back.
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
@@ -171,15 +172,19 @@ def check(lines):
         results = [v for v in pairs.get(t, []) if re.match(r"\s*65536\s+100\s+[\d.]+\s+[\d.]+", v)]
         if len(results) != 2:
             problems.append(f"{t} over pcientb0: {len(results)} of 2 processes printed a result")
-    # Across the bridge: 200 x 512 bytes each way (both counted); ib_send_lat's result line.
+    # Across the bridge: 200 x 4 KiB each way; ib_send_lat's, WRITE's and READ's results.
     moved = [v for v in pairs.get("rc_pingpong_across", [])
-             if re.match(r"204800 bytes in [\d.]+ seconds", v)]
+             if re.match(r"1638400 bytes in [\d.]+ seconds", v)]
     if len(moved) != 2:
         problems.append(f"ibv_rc_pingpong across the bridge: {len(moved)} of 2 processes finished")
     results = [v for v in pairs.get("ib_send_lat_across", [])
                if re.match(r"\s*64\s+200\s+[\d.]+\s+[\d.]+", v)]
     if not results:
         problems.append("ib_send_lat across the bridge printed no result")
+    for t in ("ib_write_bw_across", "ib_read_bw_across"):
+        results = [v for v in pairs.get(t, []) if re.match(r"\s*65536\s+100\s+[\d.]+\s+[\d.]+", v)]
+        if len(results) != 2:
+            problems.append(f"{t} across the bridge: {len(results)} of 2 processes printed a result")
     if [v for v in verbs if v == "bridge ok"] != ["bridge ok", "bridge ok"]:
         problems.append("the nodes of the two ports did not reach each other, before and after")
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:

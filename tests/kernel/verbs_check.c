@@ -335,13 +335,18 @@ static uint16_t lid_of(struct kctx *ctx) {
   return (uint16_t)ctx->info.lid;
 }
 
-// Two nodes of one device: B writes into and reads from A's region through the kernel's
-// move, which checks that the region is A's, its bounds and rights; and refuses what
-// names no region (a wrong key, another node, a region deregistered or of a closed node).
-static void check_moves(struct ibv_device *d) {
-  const char *name = ibv_get_device_name(d);
+static int table_says(const struct pcientb_node_entry *table, uint32_t lid, uint64_t nonce,
+                      int alive, double seconds);
+static void *map(struct kctx *ctx, size_t len, int prot, int flags, unsigned long page);
+
+// Two nodes, of one device or across the bridge (A on `da`, B on `db`): B writes into
+// and reads from A's region through the kernel's move, which checks that the region is
+// A's, its bounds and rights; and refuses what names no region (a wrong key, another
+// node, a region deregistered or of a closed node).
+static void check_moves(struct ibv_device *da, struct ibv_device *db) {
+  const char *name = ibv_get_device_name(db);
   enum { kRegion = 200000, kLen = 70000, kAt = 5000 };
-  struct kctx *a = kopen(d), *b = kopen(d);
+  struct kctx *a = kopen(da), *b = kopen(db);
   struct kctx *pa = a;
   char *abuf = calloc(1, kRegion + 100), *region = abuf + 100;  // not page-aligned
   char *rbuf = calloc(1, 4096), *src = malloc(kLen), *dst = malloc(kLen);
@@ -361,6 +366,13 @@ static void check_moves(struct ibv_device *d) {
   }
   const uint16_t la = lid_of(a), lb = lid_of(b);
   const uint64_t base = (uintptr_t)region;
+  if (da != db) {  // B's host learns of A a moment after A came
+    const struct pcientb_node_entry *table =
+        map(b, 4 * 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+    if (table == MAP_FAILED || !table_says(table, la, a->info.nonce, 1, 5))
+      fail(name, "node A does not show alive across the bridge", errno);
+    if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
+  }
   for (i = 0; i < kLen; i++) src[i] = (char)(i * 13 + 1);
   memset(rbuf, 0x5a, 4096);
 
@@ -832,7 +844,7 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   check_loopback(ctx, name, lid);
   check_lids(d);
   check_mrs(d);
-  check_moves(d);
+  check_moves(d, d);
   check_nodes(d);
   rc = ibv_close_device(ctx);
   if (rc) fail(name, "ibv_close_device", errno);
@@ -872,6 +884,8 @@ static int devices(int want) {
       if (strncmp(ibv_get_device_name(list[i]), "pcientb", 7) == 0) d[k++] = list[i];
     check_bridge(d[0], d[1]);
     check_bridge(d[1], d[0]);
+    check_moves(d[0], d[1]);
+    check_moves(d[1], d[0]);
     if (failures == before) printf("bridge ok\n");
   }
   ibv_free_device_list(list);
