@@ -50,6 +50,7 @@ struct Options {
   uint64_t max_rounds = 1000000;       // a latency point stops early after this many rounds
   uint64_t pingpong_rounds = 20000;
   bool work = false;
+  std::string device = "pcientb0", peer_device;  // peer_device empty: device
 };
 
 // One table row. Bandwidth in bytes/s; latency in seconds, one-way for WRITE and SEND (half a
@@ -136,7 +137,11 @@ double measure_pingpong(const Options &o, ShmPingPong &pp) {
 // spoil the rest of the table.
 class Peer {
  public:
-  explicit Peer(const Options &o) { opt_.max_size = o.max_size; }
+  explicit Peer(const Options &o) {
+    opt_.max_size = o.max_size;
+    opt_.device = o.device.c_str();
+    if (!o.peer_device.empty()) opt_.peer_device = o.peer_device.c_str();
+  }
 
   RdmaPair *get(std::string *err) {
     if (pair_ && pair_->error().empty()) return pair_.get();
@@ -296,6 +301,11 @@ Options parse(int argc, char **argv) {
   app.add_flag("--work", o.work,
                "Instead of the table: the fabric work (posts, doorbells, DMA) per operation of "
                "the initiating process, for 8 B, 4 KiB and --max-size");
+  app.add_option("--device", o.device, "The device of the measuring process")
+      ->capture_default_str();
+  app.add_option("--peer-device", o.peer_device,
+                 "The device of its peer (default: the same; pcientb.ko's two ports: across "
+                 "the bridge)");
   app.footer("PCIENTB_FABRIC names the fabric; unset, a name private to this run is used.");
   try {
     app.parse(argc, argv);

@@ -573,7 +573,9 @@ std::unique_ptr<RdmaPair> RdmaPair::start(const PairOptions &opt, std::string *e
     close(sv[0]);
     int rc;
     {
-      Peer peer(sv[1], opt);
+      PairOptions peer_opt = opt;
+      if (opt.peer_device) peer_opt.device = opt.peer_device;
+      Peer peer(sv[1], peer_opt);
       rc = peer.run();
     }
     _exit(rc);

@@ -1,4 +1,5 @@
-// Two processes joined by an RC queue pair on pcientb0, for measurement.
+// Two processes joined by an RC queue pair on pcientb0 (or on two devices: the two ports
+// of a bridge), for measurement.
 //
 // RdmaPair::start() forks the peer before either side opens the device; both open it (each
 // becomes a node with its own LID), exchange LID/QPN/PSN/rkey/address over a socketpair and
@@ -21,6 +22,7 @@ const char *op_name(Op op);
 
 struct PairOptions {
   const char *device = "pcientb0";
+  const char *peer_device = nullptr;  // the forked peer's device (nullptr: `device`)
   size_t max_size = size_t{4} << 20;  // largest message; each side registers 2 * max_size
   uint32_t tx_depth = 128;            // send WRs in flight (perftest -t)
   uint32_t signal_every = 64;         // one signaled WR per this many (perftest --cq-mod)

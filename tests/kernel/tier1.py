@@ -52,25 +52,29 @@ host ibv_devinfo -v
 ip link set lo up 2>/dev/null || ifconfig lo up
 pair() {
   say "verbs: pair $1"
-  host sh -c "timeout 90 $2 >/dev/pair-server 2>&1 & i=0
-    until timeout 90 $2 127.0.0.1; do i=\$((i + 1)); [ \$i -ge 30 ] && break; sleep 1; done
-    wait; cat /dev/pair-server"
+  host sh -c "for attempt in 1 2; do
+      timeout 90 $2 $3 >/dev/pair-server 2>&1 & i=0
+      until timeout 90 $2 $4 127.0.0.1 >/dev/pair-client 2>&1; do
+        i=\$((i + 1)); [ \$i -ge 30 ] && break; sleep 1
+      done
+      wait
+      # perftest gives up when its clock check fails on a busy host (r^2 < 0.9): once more.
+      grep -q \"Can't produce a report\" /dev/pair-server /dev/pair-client || break
+    done
+    cat /dev/pair-client /dev/pair-server"
 }
 pair rc_pingpong "ibv_rc_pingpong -d pcientb0 -n 200 -s 4096 -p 18515"
 # perftest's RDMA WRITE and READ: one-sided moves between the two nodes (the module's).
 pair ib_write_bw "ib_write_bw -d pcientb0 -s 65536 -n 100 -p 18516"
 pair ib_read_bw "ib_read_bw -d pcientb0 -s 65536 -n 100 -p 18517"
 # Across the bridge: the server on pcientb1, the client on pcientb0 (the other "host").
-pair_across() {
-  say "verbs: pair $1"
-  host sh -c "timeout 90 $2 -d pcientb1 >/dev/pair-server 2>&1 & i=0
-    until timeout 90 $2 -d pcientb0 127.0.0.1; do i=\$((i + 1)); [ \$i -ge 30 ] && break; sleep 1; done
-    wait; cat /dev/pair-server"
-}
-pair_across rc_pingpong_across "ibv_rc_pingpong -n 200 -s 4096 -p 18518"
-pair_across ib_send_lat_across "ib_send_lat -s 64 -n 200 -p 18519"
-pair_across ib_write_bw_across "ib_write_bw -s 65536 -n 100 -p 18520"
-pair_across ib_read_bw_across "ib_read_bw -s 65536 -n 100 -p 18521"
+pair rc_pingpong_across "ibv_rc_pingpong -n 200 -s 4096 -p 18518" "-d pcientb1" "-d pcientb0"
+pair ib_send_lat_across "ib_send_lat -s 64 -n 200 -p 18519" "-d pcientb1" "-d pcientb0"
+pair ib_write_bw_across "ib_write_bw -s 65536 -n 100 -p 18520" "-d pcientb1" "-d pcientb0"
+pair ib_read_bw_across "ib_read_bw -s 65536 -n 100 -p 18521" "-d pcientb1" "-d pcientb0"
+# The PCIe work per operation across the bridge (issue 13's numbers).
+say "verbs: pair work_across"
+host "$(dirname "$CHECK")/pcientb-perf" --work --max-size 64K --device pcientb0 --peer-device pcientb1
 # Link down and up: port 1's device leaves the driver and comes back.
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
@@ -185,6 +189,11 @@ def check(lines):
         results = [v for v in pairs.get(t, []) if re.match(r"\s*65536\s+100\s+[\d.]+\s+[\d.]+", v)]
         if len(results) != 2:
             problems.append(f"{t} across the bridge: {len(results)} of 2 processes printed a result")
+    # pcientb-perf --work across the bridge: a row per operation and size.
+    rows = [v for v in pairs.get("work_across", [])
+            if re.match(r"(WRITE|READ|SEND)\s+\d+ \w+(\s+[\d.]+){8}$", v)]
+    if len(rows) != 9:
+        problems.append(f"pcientb-perf --work across the bridge: {len(rows)} of 9 rows")
     if [v for v in verbs if v == "bridge ok"] != ["bridge ok", "bridge ok"]:
         problems.append("the nodes of the two ports did not reach each other, before and after")
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:

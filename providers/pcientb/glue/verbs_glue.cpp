@@ -505,6 +505,14 @@ PCIENTB_EXPORT int pcientb_owns_context(ibv_context *c) {
   return c && pcientb_owns_device(c->device);
 }
 
+namespace {
+// A context of the engine: of the emulated device or of one of pcientb.ko's (which the
+// preload does not route, so pcientb_owns_device leaves them out).
+bool engine_context(ibv_context *c) {
+  return c && as_verbs(c->device)->ops == &kDeviceOps;
+}
+}  // namespace
+
 PCIENTB_EXPORT int pcientb_owns_comp_channel(ibv_comp_channel *ch) {
   std::lock_guard<std::mutex> g(channels_mu);
   return channels.count(ch) ? 1 : 0;
@@ -544,7 +552,7 @@ PCIENTB_EXPORT int pcientb_query_pkey(ibv_context *c, uint8_t port, int index, _
 
 PCIENTB_EXPORT int pcientb_query_port_counters(ibv_context *c, uint8_t port,
                                                pcientb_port_counters *out) {
-  if (!pcientb_owns_context(c) || port != 1 || !out) return EINVAL;
+  if (!engine_context(c) || port != 1 || !out) return EINVAL;
   pcientb::engine::Node &node = *ctx_of(c)->node;
   auto sum = std::make_unique<pcientb::engine::QpStats>();
   node.traffic(sum.get());
@@ -564,7 +572,7 @@ PCIENTB_EXPORT int pcientb_query_port_counters(ibv_context *c, uint8_t port,
 }
 
 PCIENTB_EXPORT int pcientb_query_work(ibv_context *c, pcientb_work *out) {
-  if (!pcientb_owns_context(c) || !out) return EINVAL;
+  if (!engine_context(c) || !out) return EINVAL;
   pcientb::fabric::Work w = ctx_of(c)->node->fab().work();
   *out = pcientb_work{w.posts,           w.post_bytes, w.doorbells,      w.dma_writes,
                       w.dma_write_bytes, w.dma_reads,  w.dma_read_bytes, w.remote_reads};

@@ -193,6 +193,13 @@ PCIENTB_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices) {
     return real_list;
   }
   if (real_list == nullptr) n_real = 0;
+  // pcientb.ko's devices (kernel:<device> fabrics) replace the emulated fabric: where one
+  // exists, the emulated pcientb0 would only shadow it.
+  for (int i = 0; i < n_real; ++i)
+    if (std::strncmp(real_list[i]->name, "pcientb", 7) == 0) {
+      if (num_devices != nullptr) *num_devices = n_real;
+      return real_list;
+    }
 
   int n_ours = 0;
   ibv_device **our_list = pcientb_emu_device_list(&n_ours);
