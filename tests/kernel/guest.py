@@ -131,10 +131,11 @@ def initramfs(work, ko, init_body, release, hostroot=False):
     return image
 
 
-def qemu_argv(kernel, image, ram, window, doorbells, append="", hostroot=False):
+def qemu_argv(kernel, image, ram, window, doorbells, append="", hostroot=False, xchg=None):
     """One TCG guest whose RAM is the file `ram`, with the file `window` (a RAM file, its own
     or another guest's) as an ivshmem-plain BAR, an ivshmem-doorbell device on each
-    server socket of `doorbells`, and the host's root read-only over 9p if asked."""
+    server socket of `doorbells`, the host's root read-only over 9p if asked, and the host
+    directory `xchg` read-write over 9p (tag xchg) if given."""
     backing = f"size={GUEST_RAM_MB}M,share=on,mem-path="
     argv = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "1",
             "-m", f"{GUEST_RAM_MB}M", "-nographic", "-no-reboot", "-kernel", kernel,
@@ -152,6 +153,8 @@ def qemu_argv(kernel, image, ram, window, doorbells, append="", hostroot=False):
     if hostroot:
         argv += ["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
                  "multidevs=remap"]
+    if xchg:
+        argv += ["-virtfs", f"local,path={xchg},mount_tag=xchg,security_model=none"]
     return argv
 
 

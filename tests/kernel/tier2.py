@@ -36,6 +36,23 @@ say "remote $(basename "$d")"
 show "$d/remote"
 host $CHECK devices 1
 ib=$(basename /sys/class/infiniband/*)
+# A directory both guests share, where the verbs programs across the hosts meet.
+mkdir -p /host/dev/xchg && mount -t 9p -o trans=virtio,version=9p2000.L xchg /host/dev/xchg ||
+  say "verbs: FAIL no shared directory"
+case "$(cat /proc/cmdline)" in
+  *pcientb_role=source*) side=b ;;
+  *) side=a ;;
+esac
+# RDMA between the hosts (one process each, an RC QP), in the background: a then streams
+# WRITEs into b until b's host is killed; b waits for that.
+host sh -c "$CHECK across $ib $side /dev/xchg | tee /dev/across.log" &
+across=$!
+i=0
+until grep -q "^across ok" /dev/across.log 2>/dev/null || [ $i -ge 1200 ]; do
+  sleep 0.1; i=$((i + 1))
+done
+# (The program's own lines reach the console when it ends: b's never does.)
+grep -q "^across ok" /dev/across.log && say "across $side ok"
 case "$(cat /proc/cmdline)" in
   *pcientb_role=source*) say "streaming"; show "$d/source" ;;
   *pcientb_role=sink*)
@@ -48,6 +65,7 @@ case "$(cat /proc/cmdline)" in
     say "sink open"
     show "$d/sink"; say "sink ended" ;;
 esac
+wait $across
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
 [ -n "$watch" ] && wait $watch
 check_dmesg
@@ -121,14 +139,16 @@ def main():
 def run_guests(w, guests):
     ram = {n: os.path.join(w.dir, f"ram{n}") for n in "AB"}
     t0 = time.monotonic()
+    xchg = os.path.join(w.dir, "xchg")
+    os.makedirs(xchg, exist_ok=True)
     a = Guest("A", guest.qemu_argv(w.kernel, w.image, ram["A"], ram["B"], [w.sock],
-                                   "pcientb_role=sink", hostroot=True))
+                                   "pcientb_role=sink", hostroot=True, xchg=xchg))
     guests.append(a)
     # A connects first and is port 0; B's QEMU starts once A's device is in.
     while not w.server.peers and a.p.poll() is None and time.monotonic() - t0 < 30:
         time.sleep(0.05)
     b = Guest("B", guest.qemu_argv(w.kernel, w.image, ram["B"], ram["A"], [w.sock],
-                                   "pcientb_role=source", hostroot=True))
+                                   "pcientb_role=source", hostroot=True, xchg=xchg))
     guests.append(b)
 
     # B streams once A's window is open: the kill waits for both (A starts a program first).
@@ -143,6 +163,8 @@ def run_guests(w, guests):
             b.p.send_signal(signal.SIGKILL)
             killed = time.monotonic()
     down = a.wait_line(lambda l: l.startswith("ok   link down"), 60)
+    across_end = a.wait_line(lambda l: l.startswith("verbs: across error")
+                             or l.startswith("verbs: FAIL"), 60)
     port_err = a.wait_line(lambda l: l.startswith("verbs: event ") and l.endswith(" PORT_ERR"),
                            30)
     a.finish(60)
@@ -168,6 +190,21 @@ def run_guests(w, guests):
         print(f"[kernel] A's program heard PORT_ERR {port_err - killed:.2f} s after the kill")
         if not 0 <= port_err - killed <= DOWN_WITHIN_S:
             problems.append(f"A's PORT_ERR came {port_err - killed:.1f} s after the kill")
+    # RDMA across the hosts: both sides' checks, then A's stream into B ends in an error
+    # completion once B's host is gone (its link down, 3 s), not in a hang.
+    for g in guests:
+        if f"across {g.name.lower()} ok" not in g.texts():
+            problems.append(f"guest {g.name}: RDMA across the hosts did not pass")
+    if "verbs: across streaming" not in a.texts():
+        problems.append("guest A did not stream RDMA WRITEs into B")
+    ended = [l for l in a.texts() if l.startswith("verbs: across error")]
+    if killed is not None and across_end is not None and ended:
+        print(f"[kernel] A's stream into B ended {across_end - killed:.2f} s after the kill: "
+              f"{ended[0][len('verbs: '):]}")
+        if not 0 <= across_end - killed <= DOWN_WITHIN_S + 5:
+            problems.append(f"A's stream ended {across_end - killed:.1f} s after the kill")
+    elif killed is not None:
+        problems.append("A's stream into B did not end in an error completion after the kill")
     if killed is None:
         problems.append("guest B never streamed, or stopped before it was killed")
     elif down is None:

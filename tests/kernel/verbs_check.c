@@ -7,14 +7,21 @@
  *       GID and P_Key queries answer, allocates and frees a PD, registers memory regions
  *       (pinned while registered, keys, rights, bad addresses: check_mrs), moves bytes
  *       between two nodes' regions with pcientb.ko's move (check_moves), the nodes' areas,
- *       node table, doorbells and watchers (check_nodes), and that a CQ
- *       is refused with EOPNOTSUPP (no data path yet); a second context of the device is
- *       another node (another LID, in the same port's half of the LID space); expects N
- *       devices with distinct GUIDs, whose ports' LIDs are in different halves.
+ *       node table, doorbells and watchers (check_nodes), the data path through the
+ *       provider's engine (check_loopback); a second context of the device is another node
+ *       (another LID, in the same port's half of the LID space); expects N devices with
+ *       distinct GUIDs, whose ports' LIDs are in different halves; with two, the nodes of
+ *       one port reach those of the other across the bridge (check_bridge, check_moves).
  *   verbs_check events DEVICE N SECONDS READY_FILE
  *       opens DEVICE, registers 64 KiB, creates READY_FILE, then prints the device's async
  *       events until N arrived, DEVICE_FATAL (the last there is) or SECONDS passed; after
  *       DEVICE_FATAL the region is unpinned and its deregistration succeeds.
+ *   verbs_check across DEVICE a|b DIR
+ *       tier 2, one side on each host: an RC QP between them, set up through files in DIR
+ *       (a directory both guests share); each WRITEs 64 KiB into the other's region, SENDs,
+ *       finds the other's bytes in its own region and READs its own back ("across ok").
+ *       Then a streams 64 KiB WRITEs until one completes with an error (the host kills b's
+ *       guest): "across error STATUS after N writes"; b waits to be killed.
  *
  * Prints one line per finding ("FAIL ..." for a failed check); exit 0 when all passed.
  */
@@ -963,11 +970,193 @@ static int events(const char *name, int want, double seconds, const char *ready)
   return failures ? 1 : 0;
 }
 
+// What each side of `across` tells the other (a file in the shared directory).
+struct hello {
+  uint32_t lid, qpn, psn, rkey;
+  uint64_t addr;
+};
+
+static uint8_t across_byte(char role, size_t i) {
+  return (uint8_t)(i * (role == 'a' ? 31 : 57) + (role == 'a' ? 3 : 11));
+}
+
+// The next completion of `cq` within `seconds`: 1, or 0 with none.
+static int next_wc(struct ibv_cq *cq, struct ibv_wc *wc, double seconds) {
+  const double end = now() + seconds;
+  int n;
+  while ((n = ibv_poll_cq(cq, 1, wc)) == 0 && now() < end) usleep(200);
+  return n == 1;
+}
+
+static int across(const char *name, const char *role_s, const char *dir) {
+  enum { kRegion = 1 << 20, kLen = 65536, kRecv = 512 * 1024, kRead = 768 * 1024 };
+  const char role = role_s[0], other = role == 'a' ? 'b' : 'a';
+  struct ibv_device **list = ibv_get_device_list(NULL);
+  struct ibv_context *ctx = NULL;
+  char path[512], tmp[520];
+  struct hello mine = {0}, theirs = {0};
+  struct ibv_wc wc;
+  int i;
+
+  for (i = 0; list && list[i]; i++)
+    if (strcmp(ibv_get_device_name(list[i]), name) == 0) ctx = ibv_open_device(list[i]);
+  if (list) ibv_free_device_list(list);
+  if (!ctx || (role != 'a' && role != 'b')) {
+    fail(name, "cannot open (or role not a or b)", errno);
+    return 1;
+  }
+  uint8_t *buf = aligned_alloc(4096, kRegion);
+  struct ibv_pd *pd = ibv_alloc_pd(ctx);
+  struct ibv_cq *cq = ibv_create_cq(ctx, 256, NULL, NULL, 0);
+  struct ibv_mr *mr = buf && pd ? ibv_reg_mr(pd, buf, kRegion, ALL_RIGHTS) : NULL;
+  struct ibv_qp_init_attr qia = {
+      .send_cq = cq,
+      .recv_cq = cq,
+      .qp_type = IBV_QPT_RC,
+      .cap = {.max_send_wr = 64, .max_recv_wr = 64, .max_send_sge = 1, .max_recv_sge = 1}};
+  struct ibv_qp *qp = mr && cq ? ibv_create_qp(pd, &qia) : NULL;
+  struct ibv_port_attr port;
+  if (!qp || ibv_query_port(ctx, 1, &port)) {
+    fail(name, "a PD, CQ, region and RC QP", errno);
+    return 1;
+  }
+  memset(buf, 0, kRegion);
+  mine = (struct hello){
+      .lid = port.lid, .qpn = qp->qp_num, .psn = 1, .rkey = mr->rkey, .addr = (uintptr_t)buf};
+  snprintf(path, sizeof path, "%s/%c.hello", dir, role);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f || fwrite(&mine, sizeof mine, 1, f) != 1 || fclose(f) || rename(tmp, path)) {
+    fail(name, "writing the hello file", errno);
+    return 1;
+  }
+  snprintf(path, sizeof path, "%s/%c.hello", dir, other);
+  const double end = now() + 120;
+  for (;;) {
+    f = fopen(path, "r");
+    if (f && fread(&theirs, sizeof theirs, 1, f) == 1) break;
+    if (f) fclose(f);
+    f = NULL;
+    if (now() > end) {
+      fail(name, "no hello from the other host within 120 s", 0);
+      return 1;
+    }
+    usleep(100 * 1000);
+  }
+  fclose(f);
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                          .port_num = 1,
+                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+  int rc =
+      ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR,
+                           .path_mtu = IBV_MTU_4096,
+                           .dest_qp_num = theirs.qpn,
+                           .rq_psn = theirs.psn,
+                           .max_dest_rd_atomic = 1,
+                           .min_rnr_timer = 12,
+                           .ah_attr = {.dlid = (uint16_t)theirs.lid, .port_num = 1}};
+  rc = rc ? rc
+          : ibv_modify_qp(qp, &a,
+                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS,
+                           .timeout = 14,
+                           .retry_cnt = 7,
+                           .rnr_retry = 7,
+                           .sq_psn = mine.psn,
+                           .max_rd_atomic = 1};
+  rc = rc ? rc
+          : ibv_modify_qp(qp, &a,
+                          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+  struct ibv_sge rsge = {.addr = (uintptr_t)buf + kRecv, .length = 4096, .lkey = mr->lkey};
+  struct ibv_recv_wr rwr = {.sg_list = &rsge, .num_sge = 1}, *bad_r;
+  rc = rc ? rc : ibv_post_recv(qp, &rwr, &bad_r);
+  if (rc) {
+    fail(name, "connecting the QP across the hosts", rc);
+    return 1;
+  }
+  // My bytes into the other's region (a's at 0, b's at 128 KiB), then a SEND after them.
+  const size_t mine_at = role == 'a' ? 0 : 131072, theirs_at = role == 'a' ? 131072 : 0;
+  uint8_t *src = buf + kRead - kLen;  // a staging area of my own region
+  for (size_t k = 0; k < kLen; k++) src[k] = across_byte(role, k);
+  struct ibv_sge sge = {.addr = (uintptr_t)src, .length = kLen, .lkey = mr->lkey};
+  struct ibv_send_wr wr = {.sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE,
+                           .send_flags = IBV_SEND_SIGNALED,
+                           .wr.rdma = {.remote_addr = theirs.addr + mine_at, .rkey = theirs.rkey}};
+  struct ibv_send_wr *bad;
+  const char *what = NULL;
+  if (ibv_post_send(qp, &wr, &bad) || !next_wc(cq, &wc, 30) || wc.status)
+    what = "an RDMA WRITE across";
+  struct ibv_sge ssge = {.addr = (uintptr_t)src, .length = 8, .lkey = mr->lkey};
+  struct ibv_send_wr swr = {
+      .sg_list = &ssge, .num_sge = 1, .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+  int got_send = 0, sent = 0;
+  if (!what && ibv_post_send(qp, &swr, &bad)) what = "a SEND across";
+  while (!what && (!got_send || !sent)) {
+    if (!next_wc(cq, &wc, 30) || wc.status) {
+      what = !got_send && !sent ? "neither the other's SEND nor mine completed"
+             : !got_send        ? "the other's SEND did not arrive"
+                                : "my SEND did not complete";
+      break;
+    }
+    if (wc.opcode == IBV_WC_RECV)
+      got_send = 1;
+    else
+      sent = 1;
+  }
+  if (!what)
+    for (size_t k = 0; k < kLen; k++)
+      if (buf[theirs_at + k] != across_byte(other, k)) {
+        what = "the other host's WRITE is not in my region";
+        break;
+      }
+  // Mine, read back from the other's region.
+  sge = (struct ibv_sge){.addr = (uintptr_t)buf + kRead, .length = kLen, .lkey = mr->lkey};
+  wr.opcode = IBV_WR_RDMA_READ;
+  if (!what && (ibv_post_send(qp, &wr, &bad) || !next_wc(cq, &wc, 30) || wc.status))
+    what = "an RDMA READ across";
+  if (!what && memcmp(buf + kRead, src, kLen) != 0) what = "the READ did not bring my bytes back";
+  if (what) {
+    printf("FAIL %s: across: %s (%s)\n", name, what,
+           wc.status ? ibv_wc_status_str(wc.status) : "-");
+    return 1;
+  }
+  printf("across ok\n");
+  if (role == 'b') {
+    for (;;) pause();  // the other host streams into my region until my guest is killed
+  }
+  // Stream WRITEs into b until one fails: b's host is killed under it.
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  sge = (struct ibv_sge){.addr = (uintptr_t)src, .length = kLen, .lkey = mr->lkey};
+  unsigned long n = 0;
+  for (;;) {
+    if (ibv_post_send(qp, &wr, &bad)) {
+      fail(name, "posting a WRITE while streaming", errno);
+      return 1;
+    }
+    if (!next_wc(cq, &wc, 30)) {
+      printf("FAIL %s: across: no completion within 30 s after %lu writes\n", name, n);
+      return 1;
+    }
+    if (wc.status) break;
+    if (++n == 1) printf("across streaming\n");
+  }
+  printf("across error %s after %lu writes\n", ibv_wc_status_str(wc.status), n);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc == 3 && strcmp(argv[1], "devices") == 0) return devices(atoi(argv[2]));
   if (argc == 6 && strcmp(argv[1], "events") == 0)
     return events(argv[2], atoi(argv[3]), atof(argv[4]), argv[5]);
-  fprintf(stderr, "usage: verbs_check devices N | events DEVICE N SECONDS READY_FILE\n");
+  if (argc == 5 && strcmp(argv[1], "across") == 0) return across(argv[2], argv[3], argv[4]);
+  fprintf(stderr,
+          "usage: verbs_check devices N | events DEVICE N SECONDS READY_FILE | across DEVICE "
+          "a|b DIR\n");
   return 2;
 }

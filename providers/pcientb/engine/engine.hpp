@@ -419,6 +419,9 @@ struct SendFields {
   ibv_wc_status status = IBV_WC_SUCCESS;
   uint32_t byte_len = 0;
   uint64_t deadline_ns = 0;  // the answer must come by then
+  // A request whose bytes the target pulls: its position in the link's
+  // request lane (cells) + 1, until it is withdrawn or answered; 0: none.
+  uint64_t rec_pos = 0;
   // Inline data the WR holds itself, once the caller's buffer may be gone:
   // then sge[0] gives its length (one piece) and SendWqe::held() where it
   // is. Short data in place: a heap block per small SEND cost it a tenth of
@@ -623,7 +626,14 @@ void qp_answer(Qp *qp, const fabric::Peer &from, const AnswerRecord &a);
 // no room (link.cpp).
 struct Gather;
 bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len,
-              const Gather *after = nullptr);
+              const Gather *after = nullptr, uint64_t *pos = nullptr);
+// The QP's WRs are withdrawn (it is destroyed, reset or failed: their buffers
+// are the program's again): every request of it whose bytes the target pulls
+// and that the target has not taken yet is voided in the lane (its PSN set
+// to 0, never a request's), so that the target pulls nothing more for it,
+// completes none whose pull the withdrawal overtook, and drops the rest of
+// the connection after it. With sq_mu held (requester.cpp).
+void withdraw_pulls_locked(Qp *qp);
 // Adding a completion to a CQ of this node: claim an entry and fill it in
 // place, then commit it, which publishes it and raises the completion event
 // the CQ is armed for. cq_claim returns nullptr when the CQ overran (after

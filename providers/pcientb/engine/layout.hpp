@@ -386,6 +386,9 @@ static_assert(sizeof(DatagramRecord) % 8 == 0);
 // and, for an atomic, the old value.
 constexpr uint32_t kAnswerRetry = 0xffff;
 constexpr uint32_t kAnswerRnr = 0xfffe;
+// Not an answer: the request's WRs were withdrawn by its requester (its
+// record voided) while the target served it; nothing is answered.
+constexpr uint32_t kAnswerNone = 0xfffd;
 struct AnswerRecord {
   RecordHead head;
   uint32_t status;
@@ -433,7 +436,7 @@ constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
 // The format of what peers read and write in a node's area, as a number: the fabric refuses
 // to mix nodes whose builds differ in it (each would misread the other's memory). Bump
 // kAreaRevision for a change of meaning that no size below shows.
-constexpr uint32_t kAreaRevision = 6;
+constexpr uint32_t kAreaRevision = 7;
 constexpr uint32_t area_layout() {
   const uint64_t parts[] = {kAreaRevision,
                             sizeof(AreaRoot),

@@ -69,7 +69,7 @@ bool lane_room(const LaneOut &l, size_t len) {
 }  // namespace
 
 bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *rec, size_t len,
-              const Gather *after) {
+              const Gather *after, uint64_t *pos) {
   size_t total = len;
   if (after)
     for (uint32_t i = 0; i < after->n; ++i) total += after->len[i];
@@ -99,6 +99,7 @@ bool lane_put(fabric::Fabric &fab, fabric::Peer &peer, LaneOut &l, RecordHead *r
       if (after->len[i]) fab.post(peer, pos, after->ptr[i], after->len[i]);
   }
   fab.post(peer, off, &seq, sizeof seq);
+  if (pos) *pos = l.tail;
   l.tail += n;
   return true;
 }

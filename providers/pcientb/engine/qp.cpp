@@ -232,6 +232,7 @@ int modify_qp(Qp *qp, const ibv_qp_attr *a, int mask) {
     apply(qp, a, given);
     if (next == IBV_QPS_RESET) {
       qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
+      withdraw_pulls_locked(qp);
       qp->backlog.clear();
       qp->sent.clear();  // answers to come are dropped: their PSNs are unknown now
       qp->unanswered = 0;
@@ -303,6 +304,10 @@ int query_qp(Qp *qp, ibv_qp_attr *a, int, ibv_qp_init_attr *init) {
 int destroy_qp(Qp *qp) {
   Node &node = *qp->ctx->node;
   qp->sh->state.store(IBV_QPS_RESET, std::memory_order_release);
+  {
+    std::lock_guard<SpinLock> g(qp->sq_mu);
+    withdraw_pulls_locked(qp);
+  }
   node.retire_qp(qp);
   node.push_qp(qp->idx);
   node.links_barrier();  // nobody serves a request of it or hands it an answer any more

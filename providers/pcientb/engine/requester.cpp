@@ -46,7 +46,8 @@ struct Result {
   Outcome outcome;
   ibv_wc_status status;
   uint32_t byte_len;
-  uint32_t psn = 0;  // of the request, when sent
+  uint32_t psn = 0;      // of the request, when sent
+  uint64_t rec_pos = 0;  // of a request whose bytes are pulled: lane position + 1
 };
 Result done(ibv_wc_status s, uint32_t len = 0) {
   return {Outcome::done, s, len};
@@ -109,11 +110,11 @@ uint32_t stamp(Qp *qp, SendWqe &w, RecordHead *h, uint32_t dqpn) {
 // Posts a record to the link's request lane and rings the target; busy when
 // the lane has no room (the target is behind: tried again soon).
 bool put_request(fabric::Fabric &fab, fabric::Peer &peer, OutLink &l, RecordHead *rec, size_t len,
-                 const Gather *after = nullptr) {
+                 const Gather *after = nullptr, uint64_t *pos = nullptr) {
   bool put;
   {
     std::lock_guard<SpinLock> g(l.req_mu);
-    put = lane_put(fab, peer, l.requests, rec, len, after);
+    put = lane_put(fab, peer, l.requests, rec, len, after, pos);
   }
   if (put) fab.doorbell(peer);
   return put;
@@ -215,10 +216,12 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
   auto failed_move = [&](fabric::MoveStatus s) {
     return s == fabric::MoveStatus::peer_dead ? no_answer() : done(IBV_WC_REM_ACCESS_ERR);
   };
-  auto sent = [&](RecordHead *h, size_t rec_len, const Gather *after = nullptr) -> Result {
-    if (!put_request(fab, *peer, *qp->link, h, rec_len, after))
+  auto sent = [&](RecordHead *h, size_t rec_len, const Gather *after = nullptr,
+                  bool pulled = false) -> Result {
+    uint64_t pos = 0;
+    if (!put_request(fab, *peer, *qp->link, h, rec_len, after, &pos))
       return {Outcome::busy, IBV_WC_RETRY_EXC_ERR, 0};
-    return {Outcome::sent, IBV_WC_SUCCESS, 0, h->psn};
+    return {Outcome::sent, IBV_WC_SUCCESS, 0, h->psn, pulled ? pos + 1 : 0};
   };
 
   switch (w.opcode) {
@@ -281,7 +284,7 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
       if (header > sizeof *r) memcpy(buf + sizeof *r, &w.remote_addr, sizeof w.remote_addr);
       // Short: the bytes follow the record in the lane, posted from where they are.
       if (len <= kRecordInline) return sent(&r->head, header, &src);
-      return sent(&r->head, add_pieces(r, header, src));
+      return sent(&r->head, add_pieces(r, header, src), nullptr, true);
     }
     default:
       return done(IBV_WC_LOC_QP_OP_ERR);
@@ -315,8 +318,39 @@ void complete(Qp *qp, const SendWqe &w, ibv_wc_status status, uint32_t byte_len)
   });
 }
 
+}  // namespace
+
+void withdraw_pulls_locked(Qp *qp) {
+  OutLink *l = qp->link;
+  if (!l || !qp->peer) return;
+  fabric::Fabric &fab = qp->ctx->node->fab();
+  auto withdraw = [&](WqeQueue &q) {
+    for (size_t i = 0; i < q.size(); ++i) {
+      SendWqe &w = q[i];
+      if (!w.rec_pos) continue;
+      const uint64_t pos = w.rec_pos - 1;
+      w.rec_pos = 0;
+      // Under the lane's lock: cells the target has not credited are not
+      // reused meanwhile, so the post lands in this record and no other.
+      if (pos < l->requests.taken->load(std::memory_order_acquire)) continue;  // taken
+      const uint32_t none = 0;
+      fab.post(*qp->peer,
+               l->requests.lane + (pos % l->requests.cells) * kCell + offsetof(RecordHead, psn),
+               &none, sizeof none);
+    }
+  };
+  std::lock_guard<SpinLock> g(l->req_mu);
+  withdraw(qp->sent);
+  withdraw(qp->backlog);  // sent once, gone back: that copy is dropped, but who knows when
+  // The program may reuse the buffers once this returns: the voids land first.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+namespace {
+
 // With sq_mu held: the QP fails; everything it holds completes flushed.
 void enter_error_locked(Qp *qp) {
+  withdraw_pulls_locked(qp);
   qp->sh->state.store(IBV_QPS_ERR, std::memory_order_release);
   qp->ctx->node->push_qp(qp->idx);
   while (!qp->sent.empty()) {
@@ -421,6 +455,7 @@ Settled settle(Qp *qp, SendWqe &w, Result r) {
   }
   own_inline(w);
   w.done = false;
+  w.rec_pos = r.rec_pos;
   // A second or more away: the coarse clock (a few ms behind) is close enough.
   w.deadline_ns = coarse_now_ns() + answer_wait_ns(qp);
   qp->sent.push_back(std::move(w));

@@ -293,13 +293,20 @@ void tear(Qp *t, const RecvCopy &r) {
 }
 
 void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, uint64_t remote_addr,
-                const uint8_t *after, size_t room, AnswerRecord *answer, Receipt *out) {
+                const uint8_t *after, size_t room, const RecordHead &lane, AnswerRecord *answer,
+                Receipt *out) {
   answer->status = IBV_WC_REM_INV_REQ_ERR;
   const bool write_imm = r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
   Source src;
   if ((!write_imm && r.opcode != IBV_WR_SEND && r.opcode != IBV_WR_SEND_WITH_IMM) ||
       r.byte_len > (1u << 31) || !source_of(after, room, r.pieces, r.byte_len, &src))
     return;
+  if (src.pieces && r.head.psn == 0) {
+    // Withdrawn by its requester before we came to it: nothing is pulled or
+    // answered, and the connection's later requests are dropped (RC order).
+    answer->status = kAnswerNone;
+    return;
+  }
   AreaRoot *root = node.root();
   MrShared mr;
   if (write_imm && r.byte_len &&
@@ -346,6 +353,20 @@ void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, uint
     tear(t, wqe);
     answer->status = IBV_WC_LOC_PROT_ERR;  // a requester that lives: its memory went
     return;
+  }
+  if (src.pieces) {
+    // The requester withdrew the WR (destroyed, reset or failed its QP) while
+    // its bytes were pulled: some may be what its program wrote there since.
+    // As a message whose requester died: nothing completes; the receive stays
+    // taken until the QP fails. The void lands before the program's stores
+    // (posts of one thread in order; a read completion does not pass a
+    // posted write): bytes read after them mean the void is seen here.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (__atomic_load_n(&lane.psn, __ATOMIC_RELAXED) != r.head.psn) {
+      tear(t, wqe);
+      answer->status = kAnswerNone;
+      return;
+    }
   }
   receipt(t, wc, r.solicited, out);
   answer->status = IBV_WC_SUCCESS;
@@ -456,9 +477,11 @@ bool serve_in_order(Node &node, fabric::Peer &from, const RecordHead &h, AnswerR
   }
   if (dropped(t, h)) return false;
   serve(t);
+  // Withdrawn (kAnswerNone) too: the connection's later requests are dropped,
+  // so that it tears one receive at most.
   if (answer->status != IBV_WC_SUCCESS)
     t->resume.store(uint64_t{h.epoch} << 32 | h.psn, std::memory_order_relaxed);
-  return true;
+  return answer->status != kAnswerNone;
 }
 
 }  // namespace
@@ -501,7 +524,8 @@ bool serve_request(Node &node, fabric::Peer &from, const RecordHead &h, uint16_t
       uint64_t remote_addr = 0;
       memcpy(&remote_addr, bytes + sizeof r, header - sizeof r);
       return serve_in_order(node, from, r.head, answer, [&](Qp *t) {
-        serve_send(node, from, t, r, remote_addr, bytes + header, size - header, answer, receipt);
+        serve_send(node, from, t, r, remote_addr, bytes + header, size - header, h, answer,
+                   receipt);
       });
     }
     case kRecAtomic: {
