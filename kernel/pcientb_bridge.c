@@ -506,7 +506,7 @@ static bool peer_moves(struct pcientb_bridge *b, u32 key)
  * names the key in our inbox, then reads the region; here the region is taken back, then
  * the movers' words are read: one of the two sees the other (the header's argument). A
  * mover looks again every MOVE_LOOK_PAGES, so the wait is short; a peer that stopped
- * with its word set (its host died) is waited for 2 s at most.
+ * with its word set (its host died) is waited for 2 s once its link is down, 10 s at most.
  */
 void pcientb_bridge_unexport(struct pcientb_ib *dev, u32 index, u32 key)
 {
@@ -518,7 +518,9 @@ void pcientb_bridge_unexport(struct pcientb_ib *dev, u32 index, u32 key)
 	WRITE_ONCE(b->regions[index].key, 0);
 	smp_mb();
 	while (peer_moves(b, key)) {
-		if (time_after(jiffies, end) && !ntb_link_is_up(b->ntb, NULL, NULL)) {
+		/* A mover looks again every MiB: 10 s is a peer that no longer moves. */
+		if (time_after(jiffies, end) &&
+		    (!ntb_link_is_up(b->ntb, NULL, NULL) || time_after(jiffies, end + 8 * HZ))) {
 			dev_warn(&b->ntb->dev, "region %#x: a stopped peer still names it\n", key);
 			break;
 		}

@@ -9,12 +9,16 @@ memory), and each has one ivshmem-doorbell device on a shared ivshmem server (po
 and 1). Both load pcientb.ko and read their port's debugfs "remote" at once (each writes
 64 KiB through its window into the other's buffer, rings, and checks what the other
 wrote), and check their verbs device through libibverbs and the provider (VERBS_CHECK, as
-in tier 1, from the host's root). Then guest A reads "sink" (keeps a window open until the
+in tier 1, from the host's root). Both then run `verbs_check across` (one process each,
+an RC QP between the hosts set up through a directory both guests share over 9p: WRITE,
+SEND and READ both ways, checked), and A goes on streaming 64 KiB WRITEs into B. Then
+guest A reads "sink" (keeps a window open until the
 link goes down) while a program holds A's verbs device, and guest B reads "source" (writes
 through it and rings, in a loop); the host kills B's QEMU mid-stream. Checks: both
 "remote" and verbs checks pass; A's link goes down after the kill, within 10 s (its
 heartbeat timeout is 3 s), after B's doorbells arrived, and A's program hears PORT_ERR
-within that time too; A unloads the module (the program then hears DEVICE_FATAL), and its
+within that time too, and A's stream into B ends in an error completion (no hang) within
+15 s of the kill; A unloads the module (the program then hears DEVICE_FATAL), and its
 dmesg holds no warning. Exit 0 pass, 1 fail, 77 skip (as tier1.py).
 """
 
