@@ -1089,12 +1089,20 @@ static int across(const char *name, const char *role_s, const char *dir) {
                            .wr.rdma = {.remote_addr = theirs.addr + mine_at, .rkey = theirs.rkey}};
   struct ibv_send_wr *bad;
   const char *what = NULL;
-  if (ibv_post_send(qp, &wr, &bad) || !next_wc(cq, &wc, 30) || wc.status)
-    what = "an RDMA WRITE across";
+  int got_send = 0, sent = 0, wrote = 0;
+  if (ibv_post_send(qp, &wr, &bad)) what = "posting an RDMA WRITE across";
+  // The other's SEND may come first (it wrote sooner): a receive completion is noted.
+  while (!what && !wrote) {
+    if (!next_wc(cq, &wc, 30) || wc.status)
+      what = "an RDMA WRITE across";
+    else if (wc.opcode == IBV_WC_RECV)
+      got_send = 1;
+    else
+      wrote = 1;
+  }
   struct ibv_sge ssge = {.addr = (uintptr_t)src, .length = 8, .lkey = mr->lkey};
   struct ibv_send_wr swr = {
       .sg_list = &ssge, .num_sge = 1, .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
-  int got_send = 0, sent = 0;
   if (!what && ibv_post_send(qp, &swr, &bad)) what = "a SEND across";
   while (!what && (!got_send || !sent)) {
     if (!next_wc(cq, &wc, 30) || wc.status) {
