@@ -552,7 +552,7 @@ static int move(struct pcientb_bridge *b, struct pcientb_node *node, const struc
 {
 	bool to_region = cmd->dir == PCIENTB_MOVE_WRITE;
 	u64 addr[64], off, len = cmd->length, uaddr = cmd->addr, page, pa;
-	unsigned int n = 0, got = 0, looked = 0;
+	unsigned int n = 0, got = 0, batches = 0;
 	struct region r;
 	size_t in_page, chunk;
 	int rc;
@@ -569,7 +569,8 @@ static int move(struct pcientb_bridge *b, struct pcientb_node *node, const struc
 	page = off >> PAGE_SHIFT;
 	while (len) {
 		if (n == got) { /* the next addresses of the page list, 64 at a time */
-			if (looked++ % (MOVE_LOOK_PAGES / 64) == 0 && looked > 1) {
+			/* The region may have gone meanwhile: looked at again every MiB. */
+			if (batches && batches % (MOVE_LOOK_PAGES / ARRAY_SIZE(addr)) == 0) {
 				rc = peer_region(b, node->lid, cmd->window, &r);
 				if (rc)
 					return rc;
@@ -581,6 +582,7 @@ static int move(struct pcientb_bridge *b, struct pcientb_node *node, const struc
 				return -EFAULT;
 			memcpy_fromio(addr, b->out + pa, got * sizeof(u64));
 			n = 0;
+			batches++;
 		}
 		pa = le64_to_cpu(addr[n++]);
 		page++;
