@@ -65,8 +65,9 @@ summary=()
 logdir="$(mktemp -d)"
 trap 'rm -rf "$logdir"' EXIT
 
+started=$SECONDS
 for preset in "${presets[@]}"; do
-  echo "=== [$preset] configure + build"
+  echo "=== [$preset] configure + build ($((SECONDS - started)) s so far)"
   if ! cmake --preset "$preset"; then
     failed=$((failed + 1)); summary+=("$preset: configure FAILED"); continue
   fi
@@ -74,7 +75,7 @@ for preset in "${presets[@]}"; do
     failed=$((failed + 1)); summary+=("$preset: build FAILED"); continue
   fi
 
-  echo "=== [$preset] ctest"
+  echo "=== [$preset] ctest ($((SECONDS - started)) s so far)"
   env_extra=()
   case "$preset" in
     asan) env_extra=(ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}"
@@ -113,7 +114,7 @@ for preset in "${presets[@]}"; do
   fi
 done
 
-echo "=== summary"
+echo "=== summary ($((SECONDS - started)) s in all)"
 printf '  %s\n' "${summary[@]}"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 namespace pcientb::test {
 namespace {
@@ -216,6 +217,72 @@ TEST(Mr, RemoteWriteToADeregisteredMrFailsWithRemAccessErr) {
         ch.wait();
         EXPECT_TRUE(all_bytes_are(b.buf.span(0, 64), 0));
       });
+}
+
+// Once ibv_dereg_mr returns, nothing moves to or from the memory any more, as
+// with an HCA: an RDMA WRITE or READ that was under way when the target
+// deregistered ends before the call returns. The initiator keeps one 16 MiB
+// transfer after another going; the target deregisters in the middle of one.
+// - WRITE: the sources alternate between two buffers whose last bytes differ
+//   (a WRITE's last bytes land last); the target's last byte must not change
+//   after dereg_mr returned.
+// - READ: right after dereg_mr returns, the target marks a byte every 64 KiB;
+//   no READ may complete with a mark (wherever the copy was, marks lay ahead).
+void expect_nothing_moves_after_dereg(ibv_wr_opcode opcode) {
+  constexpr size_t kSize = size_t{16} << 20;
+  constexpr size_t kMarkEvery = size_t{64} << 10;
+  constexpr uint8_t kAfterDereg = 0xee;
+  RcOptions options;
+  options.buffer_size = 2 * kSize;
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a(options);
+        std::fill_n(a.buf.at(0), kSize, 0x11);
+        std::fill_n(a.buf.at(kSize), kSize, 0x22);
+        a.connect(ch);
+        size_t moved = 0, after_dereg = 0;
+        for (;; ++moved) {
+          const size_t from = opcode == IBV_WR_RDMA_WRITE ? moved % 2 * kSize : 0;
+          if (opcode == IBV_WR_RDMA_READ)
+            for (size_t at = kMarkEvery; at < kSize; at += kMarkEvery) *a.buf.at(at) = 0;
+          ASSERT_EQ(0, opcode == IBV_WR_RDMA_WRITE ? a.post_write(moved, from, kSize, 0)
+                                                   : a.post_read(moved, 0, kSize, 0));
+          const ibv_wc wc = a.wait_wc();
+          if (wc.status != IBV_WC_SUCCESS) {
+            EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status);
+            break;
+          }
+          if (opcode == IBV_WR_RDMA_READ)
+            for (size_t at = kMarkEvery; at < kSize; at += kMarkEvery)
+              after_dereg += *a.buf.at(at) == kAfterDereg;
+          if (moved == 2) ch.signal();  // going (the first ones map and fault pages)
+        }
+        EXPECT_GT(moved, 2u) << "the target deregistered before the transfers were going";
+        EXPECT_EQ(0u, after_dereg) << "bytes written after ibv_dereg_mr were READ";
+        ch.signal();
+      },
+      [&](Channel &ch) {
+        RcEnd b(options);
+        b.connect(ch);
+        ch.wait();
+        std::this_thread::sleep_for(5ms);
+        b.buf.mr.reset();
+        volatile uint8_t *last = b.buf.at(kSize - 1);
+        if (opcode == IBV_WR_RDMA_READ)
+          for (size_t at = kMarkEvery; at < kSize; at += kMarkEvery) *b.buf.at(at) = kAfterDereg;
+        const uint8_t at_dereg = *last;
+        ch.wait();  // the initiator's next transfer failed
+        std::this_thread::sleep_for(20ms);
+        EXPECT_EQ(at_dereg, *last) << "a WRITE landed after ibv_dereg_mr returned";
+      });
+}
+
+TEST(Mr, NoWriteLandsAfterDeregMrReturns) {
+  expect_nothing_moves_after_dereg(IBV_WR_RDMA_WRITE);
+}
+
+TEST(Mr, NoReadSeesBytesWrittenAfterDeregMrReturns) {
+  expect_nothing_moves_after_dereg(IBV_WR_RDMA_READ);
 }
 
 // ---- fork ---------------------------------------------------------------------

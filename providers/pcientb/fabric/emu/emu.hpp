@@ -27,6 +27,7 @@ constexpr uint32_t kMaxNodes = 1024;
 constexpr uint32_t kMaxWindows = 16384;
 constexpr uint32_t kMaxChunks = 16384;
 constexpr uint32_t kMaxExtents = 8;
+constexpr uint32_t kMoverLanes = 7;            // moves of one node into one peer at once
 constexpr size_t kAreaSize = size_t{2} << 30;  // sparse: only touched pages cost memory
 constexpr size_t kPage = 4096;
 constexpr uint64_t kDefaultMrCache = uint64_t{256} << 20;
@@ -66,6 +67,19 @@ struct WindowEntry {
   Extent ext[kMaxExtents];
 };
 
+// The windows of a node that one peer (or the node itself) is moving bytes
+// into or out of: a lane per thread of that peer at a time, each written only
+// by the thread holding it, (gen << 32 | index) of the window, 0 when idle.
+// unexpose() waits for the lanes naming the window it retires, so no byte
+// moves after ibv_dereg_mr returns (as pcientb.ko waits for its movers).
+struct alignas(64) MoverLanes {
+  // The mover's nonce, written when it attaches (after clearing the lanes
+  // that a dead holder of its LID may have left).
+  std::atomic<uint64_t> nonce;
+  std::atomic<uint64_t> lane[kMoverLanes];
+};
+static_assert(sizeof(MoverLanes) == 64);
+
 struct ChunkEntry {
   std::atomic<uint32_t> gen;
   int32_t fd;
@@ -93,6 +107,7 @@ struct SegHeader {
   uint64_t bell_ino;
   WindowEntry windows[kMaxWindows];
   ChunkEntry chunks[kMaxChunks];
+  MoverLanes movers[kMaxNodes + 1];  // by the mover's LID
 };
 constexpr size_t kHeaderSize = (sizeof(SegHeader) + kPage - 1) & ~(kPage - 1);
 constexpr size_t kSegSize = kHeaderSize + kAreaSize;
@@ -135,6 +150,10 @@ class EmuPeer final : public Peer {
   uint8_t *translate(const WindowEntry &w, uint64_t raddr, size_t len, size_t *run);
   // The write end of the peer's node doorbell, -1 if it cannot be had.
   int bell();
+  // A lane of this node's in the peer's mover table (see MoverLanes), held
+  // by one thread of this process at a time.
+  uint32_t claim_lane();
+  void release_lane(uint32_t lane) { lanes_busy_.fetch_and(uint8_t(~(1u << lane))); }
 
   // The engine area of the peer's segment, mapped here: only post() writes it.
   void *area() const { return area_; }
@@ -161,6 +180,8 @@ class EmuPeer final : public Peer {
   // raises SIGPIPE when the peer has gone.
   std::atomic<int> bell_w_{-1};
   int bell_r_ = -1;
+  std::atomic<uint8_t> lanes_busy_{0};
+  static_assert(kMoverLanes < 8);
 };
 
 class EmuFabric final : public Fabric {
@@ -223,6 +244,7 @@ class EmuFabric final : public Fabric {
   void drop_region(std::map<uint64_t, Region>::iterator it);
   void trim_cache();
   bool still_moved(uint64_t a, uint64_t b);
+  void wait_for_movers(WindowId id);
 
   int start_life();
   void end_life();

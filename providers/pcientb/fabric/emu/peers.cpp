@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "bulk_copy.hpp"
@@ -184,6 +185,11 @@ Peer *EmuFabric::peer(uint16_t lid) {
     NodeSlot slot = table_->slots[lid - 1];
     if (slot.pid == 0 || p->attach(slot) != 0) return nullptr;
   }
+  // Our lanes in its mover table may still name windows a previous holder of
+  // our LID was moving when it died; only we write them.
+  MoverLanes &mine = p->hdr->movers[lid_];
+  for (auto &lane : mine.lane) lane.store(0, std::memory_order_relaxed);
+  mine.nonce.store(nonce_, std::memory_order_release);
   slot_peer = std::move(p);
   return slot_peer.get();
 }
@@ -197,8 +203,23 @@ bool EmuFabric::check_alive(Peer &p) {
 const WindowEntry *EmuFabric::window(EmuPeer &p, WindowId w, uint32_t *gen) {
   if (w.index == 0 || w.index >= kMaxWindows) return nullptr;
   const WindowEntry &e = p.hdr->windows[w.index];
-  *gen = e.gen.load(std::memory_order_acquire);
+  // seq_cst, after the mover's lane (move()): see EmuFabric::wait_for_movers.
+  *gen = e.gen.load(std::memory_order_seq_cst);
   return *gen == w.gen ? &e : nullptr;
+}
+
+uint32_t EmuPeer::claim_lane() {
+  for (;;) {
+    uint8_t busy = lanes_busy_.load(std::memory_order_relaxed);
+    constexpr uint8_t kAll = (1u << kMoverLanes) - 1;
+    while ((busy & kAll) != kAll) {
+      const auto lane = static_cast<uint32_t>(__builtin_ctz(~busy & kAll));
+      if (lanes_busy_.compare_exchange_weak(busy, uint8_t(busy | (1u << lane)),
+                                            std::memory_order_acquire))
+        return lane;
+    }
+    std::this_thread::yield();  // more threads than lanes moving to this peer
+  }
 }
 
 MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len, bool to_peer) {
@@ -231,6 +252,22 @@ MoveStatus EmuFabric::copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t 
 
 template <typename Fn>
 MoveStatus EmuFabric::move(EmuPeer &p, WindowId w, uint64_t raddr, size_t len, Fn &&fn) {
+  if (w.index == 0 || w.index >= kMaxWindows) return MoveStatus::bad_window;
+  // The window is named in the peer's mover table before it is looked at, and
+  // until the last byte has moved.
+  struct Lane {
+    EmuPeer &p;
+    const uint32_t lane = p.claim_lane();
+    std::atomic<uint64_t> &word;
+    Lane(EmuPeer &peer, uint16_t mover, uint64_t key)
+        : p(peer), word(peer.hdr->movers[mover].lane[lane]) {
+      word.store(key, std::memory_order_seq_cst);
+    }
+    ~Lane() {
+      word.store(0, std::memory_order_release);
+      p.release_lane(lane);
+    }
+  } named(p, lid_, uint64_t{w.gen} << 32 | w.index);
   uint32_t gen;
   const WindowEntry *e = window(p, w, &gen);
   if (!e) return MoveStatus::bad_window;

@@ -327,13 +327,48 @@ bool EmuFabric::still_moved(uint64_t a, uint64_t b) {
 
 void EmuFabric::unexpose(WindowId id) {
   if (id.index == 0 || id.index >= kMaxWindows) return;
-  std::lock_guard<std::mutex> g(reg_mu_);
-  WindowEntry &w = hdr_->windows[id.index];
-  if (w.gen.load(std::memory_order_relaxed) != id.gen) return;
-  w.gen.store((id.gen + 1) & 0x7fffffffu, std::memory_order_release);
-  if (w.mode == kMapped)
-    for (uint32_t i = 0; i < w.n_extents; ++i) put_region(w.ext[i].va - w.ext[i].chunk_off);
-  w.n_extents = 0;
+  {
+    std::lock_guard<std::mutex> g(reg_mu_);
+    WindowEntry &w = hdr_->windows[id.index];
+    if (w.gen.load(std::memory_order_relaxed) != id.gen) return;
+    w.gen.store((id.gen + 1) & 0x7fffffffu, std::memory_order_seq_cst);
+    if (w.mode == kMapped)
+      for (uint32_t i = 0; i < w.n_extents; ++i) put_region(w.ext[i].va - w.ext[i].chunk_off);
+    w.n_extents = 0;
+  }
+  wait_for_movers(id);
+}
+
+// A mover names the window in its lane, then loads the window's generation;
+// we retired the window, then load the lanes (all seq_cst): either the mover
+// sees the window retired, or we see its lane and wait for the move to end.
+// Not waited for: a mover that died or left the fabric (or whose lane a dead
+// holder of its LID left), or one holding its lane for more than 10 s (a
+// stopped process; logged).
+void EmuFabric::wait_for_movers(WindowId id) {
+  constexpr uint64_t kMaxWaitNs = 10'000'000'000;
+  const uint64_t key = uint64_t{id.gen} << 32 | id.index;
+  uint64_t deadline = 0;
+  for (uint32_t mover = 1; mover <= kMaxNodes; ++mover) {
+    const MoverLanes &m = hdr_->movers[mover];
+    for (const auto &lane : m.lane) {
+      while (lane.load(std::memory_order_seq_cst) == key) {
+        const uint64_t now = mono_ns();
+        if (!deadline) deadline = now + kMaxWaitNs;
+        const NodeSlot &slot = table_->slots[mover - 1];
+        if (mover != lid_ &&
+            (m.nonce.load(std::memory_order_acquire) != slot.nonce || !slot_alive(slot)))
+          break;
+        if (now > deadline) {
+          fprintf(stderr,
+                  "pcientb: node %u still moves bytes of a deregistered window after 10 s\n",
+                  mover);
+          return;
+        }
+        usleep(20);
+      }
+    }
+  }
 }
 
 }  // namespace pcientb::fabric::emu
