@@ -31,6 +31,8 @@ void pcientb_areas_exit(void);
 /* The doorbell bit by which a port's module tells the peer's to look at its inbox. */
 #define PCIENTB_DB_BRIDGE 2
 void pcientb_bridge_kick(struct pcientb_ib *dev);
+struct dentry;
+void pcientb_bridge_debugfs(struct pcientb_ib *dev, struct dentry *dir);
 struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb);
 void pcientb_ib_link_event(struct pcientb_ib *dev);
 void pcientb_ib_remove(struct pcientb_ib *dev);

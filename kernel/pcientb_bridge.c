@@ -16,10 +16,12 @@
  *   the peer module to look: its work item compares the inbox with what it knew, adds and
  *   removes the remote nodes (pcientb_node.c), wakes the nodes that were rung, and frees
  *   the areas the peer no longer reaches.
- * - Posts and rings to a remote node are system calls (PCIENTB_METHOD_POST, RING) that
- *   write through the window with the bridge's semaphore held for reading. The work item
- *   holds it for writing while it removes a remote node, so no write reaches that node
- *   after its removal.
+ * - A process posts to a remote node with stores into a write-combined mapping of its area
+ *   through the window (pcientb_node.c, PCIENTB_MMAP_REMOTE), or by PCIENTB_METHOD_POST;
+ *   rings are system calls (RING). Those write through the window with the bridge's
+ *   semaphore held for reading. The work item holds it for writing while it removes a
+ *   remote node, and empties the node's mappings then, so no write reaches that node after
+ *   its removal.
  * - A node's area is freed only once the peer module cannot write it. The peer acks a
  *   node (the ack word = its nonce) before it lets any write go to it, and acks 0 after
  *   removing it; a dying node is written dead into the peer's inbox, and its area is kept
@@ -27,10 +29,12 @@
  *   reads the other's word, so one of the two always sees the other: either the peer sees
  *   the node dead and never acks it, or this side sees the ack and keeps the area.
  */
+#include <linux/debugfs.h>
 #include <linux/io.h>
 #include <linux/dma-mapping.h>
 #include <linux/ntb.h>
 #include <linux/rwsem.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/workqueue.h>
@@ -104,6 +108,7 @@ struct pcientb_bridge {
 	bool ever; /* was connected once: a peer may know our nodes */
 	u64 trans_size; /* our inbound translation: [0, trans_size) */
 	void __iomem *out; /* the peer's window onto its host */
+	phys_addr_t out_phys; /* its bus address (where remote areas are mapped from) */
 	resource_size_t out_size;
 	struct inbox __iomem *peer_in;
 	u32 own_base, peer_base; /* the LIDs of index 0 */
@@ -115,6 +120,8 @@ struct pcientb_bridge {
 	unsigned long movers_used[BITS_TO_LONGS(MOVERS)];
 	struct list_head kept;
 	struct work_struct work;
+	/* System calls that wrote through the window (debugfs pcientb/<port>/bridge). */
+	atomic64_t posts, rings, moves;
 };
 
 static void to_window(void __iomem *dst, const u8 *src, size_t n)
@@ -270,6 +277,7 @@ static void connect(struct pcientb_bridge *b)
 	b->out = ioremap_wc(base, size);
 	if (!b->out)
 		return;
+	b->out_phys = base;
 	b->out_size = size;
 	b->peer_in = b->out + off;
 	b->connected = true;
@@ -333,7 +341,7 @@ static bool scan_node(struct pcientb_bridge *b, u32 idx)
 	set_ack(b, idx, nonce);
 	rmb();
 	if (le32_to_cpu(READ_ONCE(e->life)) != life || le64_to_cpu(READ_ONCE(e->nonce)) != nonce ||
-	    pcientb_remote_add(b->dev, b->peer_base + idx, nonce, chunks, off))
+	    pcientb_remote_add(b->dev, b->peer_base + idx, nonce, chunks, off, b->out_phys))
 		set_ack(b, idx, 0);
 	return true;
 }
@@ -429,6 +437,7 @@ int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node)
 	if (!b)
 		return rc;
 	idx = node->lid - b->peer_base;
+	atomic64_inc(&b->rings);
 	down_read(&b->sem);
 	if (b->connected && !READ_ONCE(node->dead)) {
 		writeq(atomic64_inc_return(&b->ring_out[idx]), &b->peer_in->rings[idx]);
@@ -450,6 +459,7 @@ static int post(struct pcientb_bridge *b, struct pcientb_node *node, u64 off, u6
 
 	if (off > size || len > size - off)
 		return -EFAULT;
+	atomic64_inc(&b->posts);
 	down_read(&b->sem);
 	if (!b->connected || READ_ONCE(node->dead))
 		rc = -ENOENT;
@@ -618,6 +628,7 @@ int pcientb_bridge_move(struct pcientb_ib *dev, struct pcientb_node *node,
 
 	if (!bounce)
 		return -ENOMEM;
+	atomic64_inc(&b->moves);
 	if (down_interruptible(&b->movers_free)) {
 		kfree(bounce);
 		return -EINTR;
@@ -683,6 +694,23 @@ const struct uapi_definition pcientb_bridge_defs[] = {
 	UAPI_DEF_CHAIN_OBJ_TREE(UVERBS_OBJECT_DEVICE, &pcientb_bridge_methods),
 	{},
 };
+
+static int counts_show(struct seq_file *m, void *unused)
+{
+	struct pcientb_bridge *b = m->private;
+
+	seq_printf(m, "posts %lld rings %lld moves %lld\n", atomic64_read(&b->posts),
+		   atomic64_read(&b->rings), atomic64_read(&b->moves));
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(counts);
+
+/* debugfs `dir`/bridge: the system calls that wrote through the window, by kind. */
+void pcientb_bridge_debugfs(struct pcientb_ib *dev, struct dentry *dir)
+{
+	if (dev->bridge)
+		debugfs_create_file("bridge", 0400, dir, dev->bridge, &counts_fops);
+}
 
 /* Before the device registers; without a second window the port reaches no peer's nodes. */
 int pcientb_bridge_init(struct pcientb_ib *dev)

@@ -117,6 +117,7 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 		.nonce = get_random_u64(),
 		.table_entries = PCIENTB_LIDS,
 		.area_size = pcientb_area_size(),
+		.chunk_bytes = PCIENTB_CHUNK_BYTES,
 	};
 	int lid, rc;
 

@@ -9,6 +9,8 @@
 
 #include <linux/atomic.h>
 #include <linux/idr.h>
+#include <linux/list.h>
+#include <linux/mutex.h>
 #include <linux/xarray.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/uverbs_ioctl.h>
@@ -25,11 +27,12 @@
  * A node's area: chunks of contiguous pages, the largest the page allocator gives (so that
  * a peer host reaches them through its window in few pieces).
  */
-#define PCIENTB_CHUNK_ORDER min(10, MAX_ORDER - 1)
+#define PCIENTB_CHUNK_ORDER min(10, MAX_ORDER - 1) /* 1 << 10: PCIENTB_MMAP_REMOTE_STRIDE */
 #define PCIENTB_CHUNK_PAGES (1UL << PCIENTB_CHUNK_ORDER)
 #define PCIENTB_CHUNK_BYTES (PAGE_SIZE << PCIENTB_CHUNK_ORDER)
 #define PCIENTB_AREA_MB_MAX 64U
 #define PCIENTB_AREA_CHUNKS_MAX (PCIENTB_AREA_MB_MAX / 2) /* chunks of 2 MiB at least */
+static_assert(PCIENTB_AREA_CHUNKS_MAX <= PCIENTB_MMAP_REMOTE_CHUNKS);
 
 struct pcientb_area {
 	struct kref ref; /* its node's, and the bridge's while the peer host may reach it */
@@ -49,6 +52,9 @@ struct pcientb_node {
 	struct pcientb_area *area; /* NULL: remote */
 	unsigned int chunks; /* remote: of its area */
 	u64 chunk_off[PCIENTB_AREA_CHUNKS_MAX]; /* remote: in the outbound window */
+	phys_addr_t window; /* remote: the outbound window's bus address */
+	struct mutex map_mu; /* remote: mappings made vs the node's going (dead) */
+	struct list_head mappers; /* remote: who mapped it (struct pcientb_mapper) */
 	bool dead;
 	wait_queue_head_t watchers;
 	spinlock_t lock; /* doorbell */
@@ -98,7 +104,7 @@ struct pcientb_node *pcientb_node_get(struct pcientb_ib *dev, u32 lid);
 void pcientb_node_put(struct pcientb_node *node);
 void pcientb_node_signal(struct pcientb_node *node);
 int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int chunks,
-		       const u64 *chunk_off);
+		       const u64 *chunk_off, phys_addr_t window);
 void pcientb_remote_remove(struct pcientb_ib *dev, struct pcientb_node *node);
 
 /* The bridge (pcientb_bridge.c): the nodes of the host across the NT port. */

@@ -495,6 +495,7 @@ static int pcientb_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	debugfs_create_file("remote", 0400, port->dir, port, &remote_fops);
 	debugfs_create_file("sink", 0400, port->dir, port, &sink_fops);
 	debugfs_create_file("source", 0400, port->dir, port, &source_fops);
+	pcientb_bridge_debugfs(port->ib, port->dir);
 	mutex_lock(&ports_lock);
 	list_add_tail(&port->node, &ports);
 	mutex_unlock(&ports_lock);

@@ -8,12 +8,16 @@
  * context maps read-only (alive, nonce: what a peer looks at around each transfer, with no
  * system call); a doorbell (an eventfd the node gives, which PCIENTB_METHOD_RING counts);
  * and watchers (PCIENTB_METHOD_WATCH: files that poll readable once the node is gone).
+ * A node of the host across the bridge is mapped too, chunk by chunk through the window
+ * (PCIENTB_MMAP_REMOTE), and those mappings are emptied when it goes (remote_unmap).
  */
 #include <linux/anon_inodes.h>
 #include <linux/eventfd.h>
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/mm.h>
+#include <linux/mmap_lock.h>
+#include <linux/sched/mm.h>
 #include <linux/poll.h>
 #include <linux/module.h>
 #include <linux/shmem_fs.h>
@@ -116,9 +120,108 @@ static int area_mmap(struct pcientb_area *area, struct vm_area_struct *vma)
 	return rc; /* on failure the caller's munmap takes what was mapped */
 }
 
+/*
+ * A process that mapped a remote node (its mm), and the file mapping it went through (the
+ * uverbs device node's inode): what remote_unmap needs to reach every such mapping.
+ */
+struct pcientb_mapper {
+	struct list_head list;
+	struct mm_struct *mm; /* mmgrab()bed */
+	struct inode *inode; /* igrab()bed */
+};
+
+static void mapper_free(struct pcientb_mapper *m)
+{
+	list_del(&m->list);
+	mmdrop(m->mm);
+	iput(m->inode);
+	kfree(m);
+}
+
+/*
+ * Notes who maps `node` (under map_mu); processes that exited are forgotten here, so the
+ * list stays as long as the processes that map the node at once.
+ */
+static int mapper_note(struct pcientb_node *node, struct vm_area_struct *vma)
+{
+	struct inode *inode = vma->vm_file->f_mapping->host;
+	struct pcientb_mapper *m, *next;
+
+	list_for_each_entry_safe(m, next, &node->mappers, list) {
+		if (m->mm == vma->vm_mm && m->inode == inode)
+			return 0;
+		if (!atomic_read(&m->mm->mm_users))
+			mapper_free(m);
+	}
+	m = kmalloc(sizeof(*m), GFP_KERNEL);
+	if (!m)
+		return -ENOMEM;
+	m->inode = igrab(inode);
+	if (!m->inode) {
+		kfree(m);
+		return -ENOENT;
+	}
+	m->mm = vma->vm_mm;
+	mmgrab(m->mm);
+	list_add(&m->list, &node->mappers);
+	return 0;
+}
+
+/*
+ * Maps chunk `chunk` of remote `node`'s area, write-combined through the window. uverbs
+ * keeps the mapping (rdma_user_mmap_io): once emptied (remote_unmap, or the device's
+ * removal), a store faults in a zeroed page of the caller's file instead.
+ */
+static int remote_mmap(struct ib_ucontext *ibuc, struct pcientb_node *node, unsigned int chunk,
+		       struct vm_area_struct *vma)
+{
+	int rc;
+
+	if (chunk >= node->chunks || vma->vm_end - vma->vm_start != PCIENTB_CHUNK_BYTES ||
+	    !(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
+	mutex_lock(&node->map_mu);
+	rc = READ_ONCE(node->dead) ? -ENOENT : mapper_note(node, vma);
+	if (!rc)
+		rc = rdma_user_mmap_io(ibuc, vma, PHYS_PFN(node->window + node->chunk_off[chunk]),
+				       PCIENTB_CHUNK_BYTES, pgprot_writecombine(vma->vm_page_prot),
+				       NULL);
+	mutex_unlock(&node->map_mu);
+	return rc;
+}
+
+/*
+ * Empties every mapping of remote `node` (dead already, so none is added): before the
+ * bridge tells the peer host that nothing here writes the node's area any more. A mapping
+ * is in its file's tree only once its mmap() has finished, which holds the process's mmap
+ * lock: taking that lock waits for an mmap() that found the node alive.
+ */
+static void remote_unmap(struct pcientb_node *node)
+{
+	const loff_t start = PCIENTB_MMAP_REMOTE(node->lid, 0) << PAGE_SHIFT;
+	const loff_t len = (loff_t)PCIENTB_MMAP_REMOTE_CHUNKS * PCIENTB_MMAP_REMOTE_STRIDE
+			   << PAGE_SHIFT;
+	struct pcientb_mapper *m, *next;
+
+	mutex_lock(&node->map_mu); /* an mmap() that saw the node alive has left remote_mmap */
+	mutex_unlock(&node->map_mu);
+	list_for_each_entry(m, &node->mappers, list) {
+		mmap_read_lock(m->mm);
+		mmap_read_unlock(m->mm);
+	}
+	list_for_each_entry(m, &node->mappers, list)
+		unmap_mapping_range(m->inode->i_mapping, start, len, 1);
+	list_for_each_entry_safe(m, next, &node->mappers, list)
+		mapper_free(m);
+}
+
 static void node_release(struct kref *ref)
 {
 	struct pcientb_node *node = container_of(ref, struct pcientb_node, ref);
+	struct pcientb_mapper *m, *next;
+
+	list_for_each_entry_safe(m, next, &node->mappers, list)
+		mapper_free(m);
 
 	if (node->area)
 		pcientb_area_put(node->area);
@@ -159,6 +262,8 @@ static struct pcientb_node *node_new(u32 lid, u64 nonce)
 	node->nonce = nonce;
 	init_waitqueue_head(&node->watchers);
 	spin_lock_init(&node->lock);
+	mutex_init(&node->map_mu);
+	INIT_LIST_HEAD(&node->mappers);
 	return node;
 }
 
@@ -171,6 +276,7 @@ static int node_enter(struct pcientb_ib *dev, struct pcientb_node *node)
 	if (rc)
 		return rc;
 	/* The nonce, then the life that makes the entry valid. */
+	WRITE_ONCE(e->chunks, node->area ? node->area->chunks : node->chunks);
 	WRITE_ONCE(e->nonce, node->nonce);
 	smp_wmb();
 	WRITE_ONCE(e->life, (u32)node->nonce | 1);
@@ -227,13 +333,14 @@ void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc)
 
 /* A node of the host across the bridge, as its module published it (pcientb_bridge.c). */
 int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int chunks,
-		       const u64 *chunk_off)
+		       const u64 *chunk_off, phys_addr_t window)
 {
 	struct pcientb_node *node = node_new(lid, nonce);
 	int rc;
 
 	if (!node)
 		return -ENOMEM;
+	node->window = window;
 	node->chunks = chunks;
 	memcpy(node->chunk_off, chunk_off, chunks * sizeof(*chunk_off));
 	rc = node_enter(dev, node);
@@ -244,7 +351,10 @@ int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int 
 
 void pcientb_remote_remove(struct pcientb_ib *dev, struct pcientb_node *node)
 {
+	mutex_lock(&node->map_mu);
 	node_leave(dev, node);
+	mutex_unlock(&node->map_mu);
+	remote_unmap(node);
 	pcientb_node_put(node);
 }
 
@@ -262,7 +372,7 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 {
 	struct pcientb_ucontext *uc = container_of(ibuc, struct pcientb_ucontext, ibuc);
 	struct pcientb_ib *dev = to_dev(ibuc->device);
-	unsigned long off = vma->vm_pgoff;
+	unsigned long off = vma->vm_pgoff, chunk;
 	struct pcientb_node *node;
 	int rc;
 
@@ -281,10 +391,21 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 		node = pcientb_node_get(dev, off - PCIENTB_MMAP_PEER(0));
 		if (!node)
 			return -ENOENT;
+	} else if (off >= PCIENTB_MMAP_REMOTE(0, 0) && off < PCIENTB_MMAP_REMOTE(PCIENTB_LIDS, 0) &&
+		   (off - PCIENTB_MMAP_REMOTE(0, 0)) % PCIENTB_MMAP_REMOTE_STRIDE == 0) {
+		chunk = (off - PCIENTB_MMAP_REMOTE(0, 0)) / PCIENTB_MMAP_REMOTE_STRIDE;
+		node = pcientb_node_get(dev, chunk / PCIENTB_MMAP_REMOTE_CHUNKS);
+		if (!node)
+			return -ENOENT;
+		/* A node of this host is mapped whole (PCIENTB_MMAP_PEER). */
+		rc = node->area ? -EINVAL :
+				  remote_mmap(ibuc, node, chunk % PCIENTB_MMAP_REMOTE_CHUNKS, vma);
+		pcientb_node_put(node);
+		return rc;
 	} else {
 		return -EINVAL;
 	}
-	/* A node across the bridge is reached by PCIENTB_METHOD_POST, not mapped (yet). */
+	/* A node across the bridge is mapped by chunks (PCIENTB_MMAP_REMOTE). */
 	rc = node->area ? area_mmap(node->area, vma) : -EREMOTE;
 	pcientb_node_put(node);
 	return rc;

@@ -15,7 +15,7 @@
  * binds by it, and every uverbs ioctl carries it.
  */
 #define PCIENTB_DRIVER_ID 0x504e
-#define PCIENTB_UVERBS_ABI_VERSION 4
+#define PCIENTB_UVERBS_ABI_VERSION 5
 #define PCIENTB_UCONTEXT_MAGIC 0x7063696e /* "pcin" */
 
 /*
@@ -46,6 +46,7 @@ struct pcientb_ucontext_resp {
 	__u32 table_entries; /* of the node table (PCIENTB_MMAP_TABLE): one per LID */
 	__aligned_u64 nonce;
 	__aligned_u64 area_size; /* of each node's area (PCIENTB_MMAP_AREA) */
+	__aligned_u64 chunk_bytes; /* the size of an area's chunk (PCIENTB_MMAP_REMOTE) */
 };
 
 /*
@@ -61,12 +62,26 @@ struct pcientb_ucontext_resp {
 #define PCIENTB_MMAP_PEER(lid) (0x10000 + (lid))
 
 /*
+ * The area of a node of the host across the bridge, a chunk (chunk_bytes) a mapping:
+ * write-combined through the NT window, read-write though a node only posts there (a load
+ * would cross the link). When the node goes, every mapping of it is emptied before its
+ * host may reuse the memory: stores then land in a page of the caller's own. The offsets
+ * of two chunks are apart by the largest chunk, so that each mapping has a range of its
+ * own in the file.
+ */
+#define PCIENTB_MMAP_REMOTE_CHUNKS 32 /* of an area, at most */
+#define PCIENTB_MMAP_REMOTE_STRIDE 1024 /* pages */
+#define PCIENTB_MMAP_REMOTE(lid, chunk)                                                            \
+	((1ULL << 30) +                                                                            \
+	 ((__u64)(lid)*PCIENTB_MMAP_REMOTE_CHUNKS + (chunk)) * PCIENTB_MMAP_REMOTE_STRIDE)
+
+/*
  * A node table entry, indexed by LID: `life` is non-zero while the node lives (the low
  * bits of its nonce, made odd), 0 once it is gone; `nonce` tells its incarnation.
  */
 struct pcientb_node_entry {
 	__u32 life;
-	__u32 reserved;
+	__u32 chunks; /* of its area */
 	__aligned_u64 nonce;
 };
 

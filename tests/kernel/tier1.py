@@ -73,8 +73,13 @@ pair ib_send_lat_across "ib_send_lat -s 64 -n 200 -p 18519" "-d pcientb1" "-d pc
 pair ib_write_bw_across "ib_write_bw -s 65536 -n 100 -p 18520" "-d pcientb1" "-d pcientb0"
 pair ib_read_bw_across "ib_read_bw -s 65536 -n 100 -p 18521" "-d pcientb1" "-d pcientb0"
 # The PCIe work per operation across the bridge (issue 13's numbers).
+# The bridge's system calls meanwhile (posts, rings, moves; both ports): posts are stores
+# into the mapped areas of the nodes across, none a system call.
+bridge_calls() { cat /sys/kernel/debug/pcientb/*/bridge | awk '{p+=$2; r+=$4; m+=$6} END {print p, r, m}'; }
+calls=$(bridge_calls)
 say "verbs: pair work_across"
 host "$(dirname "$CHECK")/pcientb-perf" --work --max-size 64K --device pcientb0 --peer-device pcientb1
+say "verbs: bridge calls $calls $(bridge_calls)"
 # Link down and up: port 1's device leaves the driver and comes back.
 drv=/sys/bus/pci/drivers/pcientb-ivshmem
 set -- /sys/kernel/debug/pcientb/*/
@@ -183,6 +188,14 @@ def check(lines):
             if re.match(r"(WRITE|READ|SEND)\s+\d+ \w+(\s+[\d.]+){8}$", v)]
     if len(rows) != 9:
         problems.append(f"pcientb-perf --work across the bridge: {len(rows)} of 9 rows")
+    calls = [v.split()[2:] for v in verbs if v.startswith("bridge calls ")]
+    if len(calls) != 1 or len(calls[0]) != 6:
+        problems.append(f"the bridge's system calls were not read: {calls}")
+    else:
+        posts, rings, moves = (int(b) - int(a) for a, b in zip(calls[0][:3], calls[0][3:]))
+        if posts != 0 or rings <= 0 or moves <= 0:
+            problems.append(f"pcientb-perf --work across the bridge made {posts} post, {rings} "
+                            f"ring and {moves} move system calls (expected none, some, some)")
     if [v for v in verbs if v == "bridge ok"] != ["bridge ok", "bridge ok"]:
         problems.append("the nodes of the two ports did not reach each other, before and after")
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:

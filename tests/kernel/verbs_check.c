@@ -491,13 +491,15 @@ static int table_says(const struct pcientb_node_entry *table, uint32_t lid, uint
 }
 
 // Across the bridge: a node of one port and a node of its peer port (the other "host").
-// Each sees the other in its node table; posts (PCIENTB_METHOD_POST, through the window)
-// land in the other's area; rings wake its doorbell; a watcher wakes when it goes.
+// Each sees the other in its node table; posts (PCIENTB_METHOD_POST, or stores into a
+// mapping of its area's chunks through the window) land in the other's area; rings wake
+// its doorbell; a watcher wakes when it goes, and the mappings of it are emptied then.
 static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
   const char *name = ibv_get_device_name(da);
   struct kctx *a = kopen(da), *b = kopen(db);
   const struct pcientb_node_entry *table = MAP_FAILED;
-  char *own = MAP_FAILED;
+  char *own = MAP_FAILED, *rem[2] = {MAP_FAILED, MAP_FAILED};
+  size_t area_size = 0;
   int efd = eventfd(0, EFD_NONBLOCK), w = -1;
   uint64_t count = 0;
   char msg[300];
@@ -507,6 +509,7 @@ static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
     goto out;
   }
   const uint16_t la = lid_of(a), lb = lid_of(b);
+  area_size = a->info.area_size;
   table = map(b, 4 * 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
   own = map(a, a->info.area_size, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_AREA);
   if (table == MAP_FAILED || own == MAP_FAILED) {
@@ -519,9 +522,44 @@ static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
     failures++;
     goto out;
   }
-  check_map_refused(name, "a node across the bridge",
+  check_map_refused(name, "a node across the bridge whole",
                     map(b, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_PEER(la)),
                     EREMOTE);
+  // Its area by chunks, write-combined through the window: stores land in A's area.
+  const size_t chunk = b->info.chunk_bytes;
+  const uint32_t chunks = table[la].chunks;
+  if (!chunk || chunks != a->info.area_size / chunk || chunks < 2) {
+    printf("FAIL %s: the table says %u chunks of %zu bytes for an area of %llu\n", name, chunks,
+           chunk, (unsigned long long)a->info.area_size);
+    failures++;
+    goto out;
+  }
+  check_map_refused(name, "a chunk across the bridge, not whole",
+                    map(b, 4096, PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_REMOTE(la, 0)), EINVAL);
+  check_map_refused(name, "a chunk across the bridge, private",
+                    map(b, chunk, PROT_WRITE, MAP_PRIVATE, PCIENTB_MMAP_REMOTE(la, 0)), EINVAL);
+  check_map_refused(name, "a chunk past the area across the bridge",
+                    map(b, chunk, PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_REMOTE(la, chunks)), EINVAL);
+  check_map_refused(name, "a node of its own host by chunks",
+                    map(b, chunk, PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_REMOTE(lb, 0)), EINVAL);
+  check_map_refused(name, "a chunk of a LID no node has",
+                    map(b, chunk, PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_REMOTE((la & 512) | 511, 0)),
+                    ENOENT);
+  for (int i = 0; i < 2; i++) {
+    rem[i] = map(b, chunk, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_REMOTE(la, i));
+    if (rem[i] == MAP_FAILED) {
+      fail(name, "mapping a chunk of a node across the bridge", errno);
+      goto out;
+    }
+  }
+  for (int i = 0; i < 2; i++) memcpy(rem[i] + 8 * i + 1, msg + 5, 100);
+  __builtin_ia32_sfence();
+  for (int i = 0; i < 2; i++)
+    if (memcmp(own + i * chunk + 8 * i + 1, msg + 5, 100) != 0) {
+      printf("FAIL %s: stores into chunk %d mapped across the bridge are not in A's area\n", name,
+             i);
+      failures++;
+    }
   // Posts: bytes of every alignment, across a chunk's end (4 MiB), and a whole piece.
   for (size_t i = 0; i < sizeof msg; i++) msg[i] = (char)(i * 7 + 1);
   const uint64_t at[] = {4096 + 3, (4u << 20) - 150, 65536};
@@ -551,8 +589,7 @@ static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
     goto out;
   }
   if (readable(w, 0)) fail(name, "a watcher of a live node across the bridge is readable", 0);
-  munmap(own, a->info.area_size);
-  own = MAP_FAILED;
+  // A's area stays mapped here: its pages stay too, and show a store that still reaches them.
   kclose(a);
   a = NULL;
   if (!readable(w, 5000)) fail(name, "a watcher across the bridge was not woken within 5 s", 0);
@@ -560,10 +597,25 @@ static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
     fail(name, "the node table still shows a node gone across the bridge", 0);
   if (post(b, la, 0, msg, 8) != ENOENT || ring(b, la) != ENOENT)
     fail(name, "a post or ring to a node gone across the bridge did not fail (ENOENT)", 0);
+  // Its mappings were emptied before the peer could reuse the area (the table says gone
+  // first, the emptying follows at once): a store now lands in a page of this file's.
+  usleep(200 * 1000);
+  for (int i = 0; i < 2; i++) {
+    memcpy(rem[i] + 8 * i + 1, msg + 50, 100);
+    __builtin_ia32_sfence();
+    if (memcmp(own + i * chunk + 8 * i + 1, msg + 50, 100) == 0)
+      fail(name, "a store into the mapping of a node gone across the bridge reached its area", 0);
+    if (memcmp(rem[i] + 8 * i + 1, msg + 50, 100) != 0)
+      fail(name, "a store into the mapping of a node gone did not stay in its page", 0);
+  }
+  check_map_refused(name, "a chunk of a node gone across the bridge",
+                    map(b, chunk, PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_REMOTE(la, 0)), ENOENT);
 out:
+  for (int i = 0; i < 2; i++)
+    if (rem[i] != MAP_FAILED) munmap(rem[i], b->info.chunk_bytes);
   if (w >= 0) close(w);
   if (efd >= 0) close(efd);
-  if (own != MAP_FAILED) munmap(own, a->info.area_size);
+  if (own != MAP_FAILED) munmap(own, area_size);
   if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
   if (a) kclose(a);
   if (b) kclose(b);

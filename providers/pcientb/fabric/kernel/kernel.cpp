@@ -4,7 +4,9 @@
 // peers' areas and the node table are mappings of that fd; doorbells,
 // watchers and one-sided moves are the module's driver methods; windows are
 // memory regions of the module (pinned, keyed: a window's id is its key).
-// Peers are not masked from ringing yet: every doorbell is a system call.
+// A node of the host across the bridge is mapped too, chunk by chunk, write-combined
+// through the NT window. Peers are not masked from ringing yet: every doorbell is a
+// system call.
 #include <dirent.h>
 #include <endian.h>
 #include <fcntl.h>
@@ -34,8 +36,8 @@ constexpr const char kPrefix[] = "kernel:";
 class KernelPeer final : public Peer {
  public:
   KernelPeer(uint16_t lid, uint64_t nonce, const std::atomic<uint32_t> *life, uint32_t value,
-             uint8_t *area, size_t area_size, bool self)
-      : area(area), area_size(area_size), self(self) {
+             uint8_t *area, size_t area_size, bool self, bool across)
+      : area(area), area_size(area_size), self(self), across(across) {
     lid_ = lid;
     nonce_ = nonce;
     life_ = life;
@@ -45,10 +47,12 @@ class KernelPeer final : public Peer {
     if (!self && area) munmap(area, area_size);
     if (watch_fd >= 0) close(watch_fd);
   }
-  uint8_t *const
-      area;  // the peer's area as mapped here: only post() writes it; nullptr: across the bridge
+  // The peer's area as mapped here: only post() writes it. nullptr: across the bridge, and
+  // not mappable (posts are the module's).
+  uint8_t *const area;
   const size_t area_size;
   const bool self;
+  const bool across;  // the area is write-combined: stores may pass each other
   int watch_fd = -1;  // under the fabric's peers_mu_
 };
 
@@ -93,6 +97,8 @@ class KernelFabric final : public Fabric {
     count(kPosts, len);
     if (p.area) {
       store_posted(p.area + off, src, len);
+      // Write-combined: what a post announces lands before the post after it.
+      if (p.across) __builtin_ia32_sfence();
       return 0;
     }
     // Across the bridge the module writes through its window (ENOENT: the node is gone,
@@ -130,6 +136,7 @@ class KernelFabric final : public Fabric {
 
  private:
   MoveStatus move(Peer &p, WindowId w, uint64_t raddr, void *local, size_t len, uint32_t dir);
+  uint8_t *map_remote(uint16_t lid, uint32_t chunks);
 
   std::string name_;
   int fd_ = -1;
@@ -234,20 +241,43 @@ Peer *KernelFabric::peer(uint16_t lid) {
   // match was read across another incarnation's coming or going.
   if (!value || value != (static_cast<uint32_t>(nonce) | 1)) return nullptr;
   const bool self = lid == info_.lid;
-  // A node of the other host (the other half of the LIDs) is not mapped: posts to it
-  // are the module's.
+  // A node of the other host: the other half of the LIDs.
   const bool across = lid / PCIENTB_LIDS_PER_PORT != info_.lid / PCIENTB_LIDS_PER_PORT;
-  uint8_t *area = across ? nullptr : area_;
-  if (!self && !across) {
+  uint8_t *area = area_;
+  size_t area_size = info_.area_size;
+  if (across) {
+    area_size = size_t{e.chunks} * info_.chunk_bytes;
+    area = map_remote(lid, e.chunks);
+  } else if (!self) {
     void *m = mmap(nullptr, info_.area_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
                    static_cast<off_t>(PCIENTB_MMAP_PEER(lid) * kPage));
     if (m == MAP_FAILED) return nullptr;
     area = static_cast<uint8_t *>(m);
   }
-  peers_[lid] = std::make_unique<KernelPeer>(lid, nonce, life, value, area, info_.area_size, self);
+  peers_[lid] =
+      std::make_unique<KernelPeer>(lid, nonce, life, value, area, area_size, self, across);
   // Mapped after another incarnation took the LID: this one is gone already.
   if (life->load(std::memory_order_acquire) != value) peers_[lid]->mark_dead();
   return peers_[lid].get();
+}
+
+// The area of node `lid` across the bridge, its chunks mapped side by side; nullptr when
+// the module cannot map it (the node went meanwhile): posts then go by system call.
+uint8_t *KernelFabric::map_remote(uint16_t lid, uint32_t chunks) {
+  const size_t chunk = info_.chunk_bytes, len = chunks * chunk;
+  if (!chunks || !chunk || chunks > PCIENTB_MMAP_REMOTE_CHUNKS) return nullptr;
+  void *base = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  auto *at = static_cast<uint8_t *>(base);
+  for (uint32_t i = 0; i < chunks; ++i) {
+    const auto off = static_cast<off_t>(PCIENTB_MMAP_REMOTE(lid, i) * kPage);
+    if (mmap(at + i * chunk, chunk, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, off) ==
+        MAP_FAILED) {
+      munmap(base, len);
+      return nullptr;
+    }
+  }
+  return at;
 }
 
 int KernelFabric::death_fd(Peer &pp) {
