@@ -45,6 +45,10 @@ struct TableFile {
   uint64_t magic;
   uint32_t max_nodes;
   uint32_t layout;  // fabric_layout() of the nodes' build; 0 in tables of older builds
+  // The highest LID a node has had (raised when one joins, never lowered): how far a
+  // node looks for movers (EmuFabric::wait_for_movers).
+  std::atomic<uint32_t> high_lid;
+  uint32_t pad;
   NodeSlot slots[kMaxNodes];
 };
 

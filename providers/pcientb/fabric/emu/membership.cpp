@@ -236,7 +236,7 @@ int EmuFabric::join(const char *name, uint32_t layout) {
     return EPROTO;
   }
   if (table_->magic != kTableMagic || table_->layout != mine) {
-    memset(table_, 0, sizeof *table_);
+    memset(static_cast<void *>(table_), 0, sizeof *table_);  // fields atomic or plain
     table_->max_nodes = kMaxNodes;
     table_->layout = mine;
     table_->magic = kTableMagic;
@@ -272,6 +272,8 @@ int EmuFabric::join(const char *name, uint32_t layout) {
     slot.nonce = nonce_;
     slot.seg_size = kSegSize;
     lid_ = static_cast<uint16_t>(i + 1);
+    // Before this node moves anything (seq_cst: see wait_for_movers).
+    if (table_->high_lid.load(std::memory_order_relaxed) < lid_) table_->high_lid.store(lid_);
     return 0;
   }
   return ENOSPC;

@@ -17,6 +17,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -342,6 +343,9 @@ void EmuFabric::unexpose(WindowId id) {
 // A mover names the window in its lane, then loads the window's generation;
 // we retired the window, then load the lanes (all seq_cst): either the mover
 // sees the window retired, or we see its lane and wait for the move to end.
+// Lanes are looked at up to the highest LID yet, which a node raised when it
+// joined, before it could move (seq_cst too: a mover we do not reach sees the
+// window retired).
 // Not waited for: a mover that died or left the fabric (or whose lane a dead
 // holder of its LID left), or one holding its lane for more than 10 s (a
 // stopped process; logged).
@@ -349,7 +353,8 @@ void EmuFabric::wait_for_movers(WindowId id) {
   constexpr uint64_t kMaxWaitNs = 10'000'000'000;
   const uint64_t key = uint64_t{id.gen} << 32 | id.index;
   uint64_t deadline = 0;
-  for (uint32_t mover = 1; mover <= kMaxNodes; ++mover) {
+  const uint32_t high = std::min(table_->high_lid.load(), kMaxNodes);
+  for (uint32_t mover = 1; mover <= high; ++mover) {
     const MoverLanes &m = hdr_->movers[mover];
     for (const auto &lane : m.lane) {
       while (lane.load(std::memory_order_seq_cst) == key) {
