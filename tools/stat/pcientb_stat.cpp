@@ -1,4 +1,5 @@
-// pcientb-stat: what is on the emulated fabrics of this user, in the manner of
+// pcientb-stat: what is on the emulated fabrics of this user, and on the
+// devices of pcientb.ko ("kernel:pcientbN": this host's nodes), in the manner of
 // rdma-tool's `rdma resource show`: nodes, QPs, MRs, CQs, SRQs and traffic
 // counters, as text or JSON, once or refreshed (--watch). It reads each node's
 // published area read-only (engine/inspect.hpp); the nodes do not notice.
@@ -48,12 +49,16 @@ struct Fabric {
 };
 
 std::vector<Fabric> collect(const Options &o, std::string *err) {
-  std::vector<std::string> names =
-      o.fabrics.empty() ? pcientb::fabric::backend().fabric_names() : o.fabrics;
+  std::vector<std::string> names = o.fabrics;
+  if (names.empty()) {
+    names = pcientb::fabric::backend().fabric_names();
+    for (auto &k : pcientb::fabric::kernel::kernel_backend().fabric_names()) names.push_back(k);
+  }
   std::vector<Fabric> out;
   for (const std::string &name : names) {
     int e = 0;
-    auto view = pcientb::fabric::backend().view(name.c_str(), pcientb::engine::kAreaLayout, &e);
+    auto view = pcientb::fabric::backend_for(name.c_str())
+                    .view(name.c_str(), pcientb::engine::kAreaLayout, &e);
     if (!view) {
       // A named fabric must exist; one listed a moment ago may have gone.
       if (!o.fabrics.empty())
@@ -298,9 +303,10 @@ volatile sig_atomic_t stop = 0;
 int main(int argc, char **argv) {
   Options o;
   CLI::App app{
-      "pcientb-stat: what is on this user's emulated pcientb fabrics: nodes (LID, GUID, pid, "
-      "program), their QPs, MRs, CQs and SRQs, and traffic counters, in the manner of "
-      "`rdma resource show`. Reads each node's published state read-only.",
+      "pcientb-stat: what is on this user's emulated pcientb fabrics, and on pcientb.ko's "
+      "devices (fabrics kernel:pcientbN): nodes (LID, GUID, pid, program), their QPs, MRs, "
+      "CQs and SRQs, and traffic counters, in the manner of `rdma resource show`. Reads "
+      "each node's published state read-only.",
       "pcientb-stat"};
   app.add_option("object", o.object,
                  "What to list: fabric, node (default), qp, mr, cq, srq or counters")

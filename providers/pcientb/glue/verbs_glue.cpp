@@ -347,27 +347,6 @@ bool is_kernel_device(ibv_device *d) {
   return as_verbs(d)->sysfs != nullptr;
 }
 
-// libibverbs' own commands on a kernel device's fd (its GID queries) need a
-// context there; the node is the engine's (the kernel fabric opens its own).
-int kernel_context_without_node(int cmd_fd) {
-  alignas(
-      8) unsigned char r[sizeof(ib_uverbs_get_context_resp) + sizeof(pcientb_ucontext_resp)] = {};
-  // The command, then its driver data (the core struct ends in a flexible array).
-  struct Cmd {
-    uint64_t response;
-    pcientb_ucontext_req req;
-  } cmd{};
-  static_assert(sizeof(ib_uverbs_get_context) == offsetof(Cmd, req));
-  cmd.response = fabric::kernel::response_at(r);
-  cmd.req.flags = PCIENTB_UCONTEXT_NO_NODE;
-  if (int err = fabric::kernel::execute(cmd_fd, IB_USER_VERBS_CMD_GET_CONTEXT, cmd, sizeof r))
-    return err;
-  ib_uverbs_get_context_resp core{};
-  memcpy(&core, r, sizeof core);
-  close(static_cast<int>(core.async_fd));  // the engine's contexts raise the events
-  return 0;
-}
-
 // The engine on the emulated fabric, or for a device of pcientb.ko on the
 // kernel fabric "kernel:<device>" (the nodes of this host, through the module).
 verbs_context *alloc_context(ibv_device *dev, int cmd_fd, void *) {
@@ -377,7 +356,10 @@ verbs_context *alloc_context(ibv_device *dev, int cmd_fd, void *) {
                                     reinterpret_cast<verbs_context *>(offsetof(GlueContext, vctx)),
                                     kernel ? PCIENTB_DRIVER_ID : 0));
   if (!g) return nullptr;
-  int err = kernel ? kernel_context_without_node(cmd_fd) : 0;
+  // libibverbs' own commands on a kernel device's fd (its GID queries) need a
+  // context there; the node is the engine's (the kernel fabric opens its own,
+  // whose contexts raise the events).
+  int err = kernel ? fabric::kernel::get_context_without_node(cmd_fd) : 0;
   const std::string fabric = std::string("kernel:") + dev->name;
   if (!err) g->eng = Context::open(&err, kernel ? fabric.c_str() : nullptr);
   if (!g->eng) {

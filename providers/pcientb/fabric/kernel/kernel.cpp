@@ -157,9 +157,9 @@ class KernelFabric final : public Fabric {
   std::map<uint32_t, uint32_t> windows_;  // key -> the MR's handle
 };
 
-// The uverbs device node of the ib_device `ibdev` (/dev/infiniband/uverbsN).
-std::string uverbs_path(const std::string &ibdev) {
-  std::string found;
+// The ib_devices with a uverbs device node: name -> /dev/infiniband/uverbsN.
+std::map<std::string, std::string> uverbs_devices() {
+  std::map<std::string, std::string> found;
   DIR *d = opendir("/sys/class/infiniband_verbs");
   while (dirent *e = d ? readdir(d) : nullptr) {
     if (strncmp(e->d_name, "uverbs", 6) != 0) continue;
@@ -169,10 +169,17 @@ std::string uverbs_path(const std::string &ibdev) {
       if (fgets(name, sizeof name, f)) name[strcspn(name, "\n")] = 0;
       fclose(f);
     }
-    if (ibdev == name) found = std::string("/dev/infiniband/") + e->d_name;
+    if (name[0]) found[name] = std::string("/dev/infiniband/") + e->d_name;
   }
   if (d) closedir(d);
   return found;
+}
+
+// The uverbs device node of the ib_device `ibdev`, or "".
+std::string uverbs_path(const std::string &ibdev) {
+  auto devices = uverbs_devices();
+  auto it = devices.find(ibdev);
+  return it == devices.end() ? std::string() : it->second;
 }
 
 int KernelFabric::open(const char *name) {
@@ -360,13 +367,81 @@ uint64_t no_guid() {
   return 0;  // a kernel device's GUID is the module's (sysfs), not the backend's
 }
 
-std::vector<std::string> no_names() {
-  return {};
+// The fabrics of pcientb.ko's devices: "kernel:<device>", sorted.
+std::vector<std::string> kernel_fabric_names() {
+  std::vector<std::string> names;
+  for (const auto &[name, path] : uverbs_devices())
+    if (name.rfind("pcientb", 0) == 0) names.push_back(kPrefix + name);
+  return names;
 }
 
-std::unique_ptr<FabricView> no_view(const char *, uint32_t, int *err) {
-  *err = EOPNOTSUPP;  // pcientb-stat reads the emulated fabric's tables only
-  return nullptr;
+// The node table of a device, through a context that is not a node, and the
+// areas of its host's nodes mapped read-only. Nodes across the bridge are
+// listed without their areas (EREMOTE: a load through the window would cross
+// the link). The module keeps no pid: NodeView::pid is 0.
+class KernelFabricView final : public FabricView {
+ public:
+  ~KernelFabricView() override {
+    for (auto [m, len] : maps_) munmap(m, len);
+    if (fd_ >= 0) close(fd_);
+  }
+  int open(const char *name) {
+    name_ = name;
+    if (!is_kernel_fabric(name)) return ENOENT;
+    const std::string path = uverbs_path(name_.substr(sizeof kPrefix - 1));
+    if (path.empty()) return ENOENT;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd_ < 0) return errno;
+    pcientb_ucontext_resp info{};
+    if (int err = get_context_without_node(fd_, &info)) return err;
+    if (info.magic != PCIENTB_UCONTEXT_MAGIC || info.abi_version != PCIENTB_UVERBS_ABI_VERSION)
+      return EPROTO;
+    const size_t table_bytes =
+        (info.table_entries * sizeof(pcientb_node_entry) + kPage - 1) & ~(kPage - 1);
+    void *t = mmap(nullptr, table_bytes, PROT_READ, MAP_SHARED, fd_, PCIENTB_MMAP_TABLE * kPage);
+    if (t == MAP_FAILED) return errno;
+    maps_.emplace_back(t, table_bytes);
+    const auto *table = static_cast<const pcientb_node_entry *>(t);
+    const uint32_t half = info.port & 1;  // this host's half of the LIDs (pcientb_ib.c)
+    for (uint32_t lid = 0; lid < info.table_entries; ++lid) {
+      if (!__atomic_load_n(&table[lid].life, __ATOMIC_ACQUIRE)) continue;
+      NodeView v;
+      v.lid = static_cast<uint16_t>(lid);
+      v.alive = true;
+      if (lid / PCIENTB_LIDS_PER_PORT != half) {
+        v.error = EREMOTE;
+      } else {
+        void *a = mmap(nullptr, info.area_size, PROT_READ, MAP_SHARED, fd_,
+                       static_cast<off_t>(PCIENTB_MMAP_PEER(lid) * kPage));
+        if (a == MAP_FAILED) {
+          v.error = errno;
+        } else {
+          maps_.emplace_back(a, info.area_size);
+          v.area = a;
+          v.area_size = info.area_size;
+        }
+      }
+      nodes_.push_back(v);
+    }
+    return 0;
+  }
+  const char *name() const override { return name_.c_str(); }
+  const std::vector<NodeView> &nodes() const override { return nodes_; }
+
+ private:
+  std::string name_;
+  int fd_ = -1;
+  std::vector<NodeView> nodes_;
+  std::vector<std::pair<void *, size_t>> maps_;
+};
+
+std::unique_ptr<FabricView> view_kernel_fabric(const char *name, uint32_t, int *err) {
+  auto v = std::make_unique<KernelFabricView>();
+  if (int e = v->open(name)) {
+    *err = e;
+    return nullptr;
+  }
+  return v;
 }
 
 }  // namespace
@@ -376,7 +451,7 @@ bool is_kernel_fabric(const char *name) {
 }
 
 const Backend &kernel_backend() {
-  static const Backend b{"kernel", open_kernel, no_guid, no_names, no_view};
+  static const Backend b{"kernel", open_kernel, no_guid, kernel_fabric_names, view_kernel_fabric};
   return b;
 }
 

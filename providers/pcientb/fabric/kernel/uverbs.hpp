@@ -42,6 +42,27 @@ inline uint64_t response_at(const void *resp) {
   return reinterpret_cast<uintptr_t>(resp);
 }
 
+// A context on `fd` that is not a node (no LID, area or doorbell): what
+// libibverbs' own commands and a view of the node table need. Its async event
+// fd is closed; *info (if given) gets the driver's answer. 0 or an errno value.
+inline int get_context_without_node(int fd, pcientb_ucontext_resp *info = nullptr) {
+  alignas(8) unsigned char r[sizeof(ib_uverbs_get_context_resp) + sizeof(*info)] = {};
+  // The command, then its driver data (the core struct ends in a flexible array).
+  struct Cmd {
+    uint64_t response;
+    pcientb_ucontext_req req;
+  } cmd{};
+  static_assert(sizeof(ib_uverbs_get_context) == offsetof(Cmd, req));
+  cmd.response = response_at(r);
+  cmd.req.flags = PCIENTB_UCONTEXT_NO_NODE;
+  if (int err = execute(fd, IB_USER_VERBS_CMD_GET_CONTEXT, cmd, sizeof r)) return err;
+  ib_uverbs_get_context_resp core{};
+  std::memcpy(&core, r, sizeof core);
+  close(static_cast<int>(core.async_fd));
+  if (info) std::memcpy(info, r + sizeof core, sizeof *info);
+  return 0;
+}
+
 // A driver method of pcientb.ko with its command and, if `out`, its response:
 // 0 or an errno value. (An attribute of 8 bytes or less travels in the
 // attribute itself.)
