@@ -4,15 +4,28 @@
 #                    [PRELOAD]            # run under pcientb-run (LD_PRELOAD of
 #                                         # libpcientb-preload.so): for unmodified
 #                                         # verbs programs (ibv_devinfo, perftest, ...)
-#                    [FABRIC <fabric>]    # default: "ctest_<name>"
+#                    [FABRIC <fabric>]    # default: pcientb_test_fabric(<name>)
 #                    [TIMEOUT <seconds>]  # default: 120
 #                    [LABELS <label>...]
 #                    [ENVIRONMENT <VAR=value>...])
 #
 # Each test gets its own fabric name (PCIENTB_FABRIC) so that `ctest -j` never lets
 # two tests see each other's nodes. <cmd> may be a target name, as in add_test().
+#
+#   pcientb_test_fabric(<out-var> <name>)
+#
+# The fabric of test <name>: "ct<build>_<name>" (as an identifier), where <build> names
+# this build tree, so that the tests of two trees (worktrees, presets) run at once on one
+# machine never meet either.
 
 include_guard(GLOBAL)
+
+function(pcientb_test_fabric out name)
+  string(SHA1 _tree "${CMAKE_BINARY_DIR}")
+  string(SUBSTRING "${_tree}" 0 6 _tree)
+  string(MAKE_C_IDENTIFIER "ct${_tree}_${name}" _fabric)
+  set(${out} "${_fabric}" PARENT_SCOPE)
+endfunction()
 
 function(pcientb_add_test)
   cmake_parse_arguments(PARSE_ARGV 0 arg "PRELOAD" "NAME;FABRIC;TIMEOUT"
@@ -21,7 +34,7 @@ function(pcientb_add_test)
     message(FATAL_ERROR "pcientb_add_test: NAME and COMMAND are required")
   endif()
   if(NOT arg_FABRIC)
-    string(MAKE_C_IDENTIFIER "ctest_${arg_NAME}" arg_FABRIC)
+    pcientb_test_fabric(arg_FABRIC "${arg_NAME}")
   endif()
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT 120)

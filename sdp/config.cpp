@@ -161,6 +161,14 @@ struct State {
                 "pcientb-sdp: PCIENTB_SDP_RING=%s ignored (a power of two, 64 KiB..1 GiB)\n", e);
     }
     cfg.fabric = provider_fabric();
+    cfg.fabric_tag = cfg.fabric;
+    if (cfg.fabric_tag.size() > 48) {
+      uint64_t h = 14695981039346656037ull;  // FNV-1a
+      for (unsigned char c : cfg.fabric) h = (h ^ c) * 1099511628211ull;
+      char tag[24];
+      snprintf(tag, sizeof tag, "#%016llx", static_cast<unsigned long long>(h));
+      cfg.fabric_tag = tag;
+    }
     if ((e = getenv("PCIENTB_SDP_STATS"))) cfg.stats_path = e;
     // Before any connection: runs after the exit handler that closes those still open.
     if (!cfg.stats_path.empty()) atexit(write_totals);

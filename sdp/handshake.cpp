@@ -60,7 +60,7 @@ socklen_t mark_name(sockaddr_un &un, char kind, uint64_t key) {
   un = sockaddr_un{};
   un.sun_family = AF_UNIX;
   int n = snprintf(un.sun_path + 1, sizeof un.sun_path - 1, "pcientb-sdp/%s/%c/%llu",
-                   config().fabric.c_str(), kind, (unsigned long long)key);
+                   config().fabric_tag.c_str(), kind, (unsigned long long)key);
   return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
@@ -221,7 +221,7 @@ HsMsg make_msg(MsgType type, const Link *link, int reason) {
   memcpy(m.magic, kMagic, sizeof kMagic);
   m.type = type;
   m.reason = uint32_t(reason);
-  snprintf(m.fabric, sizeof m.fabric, "%s", config().fabric.c_str());
+  snprintf(m.fabric, sizeof m.fabric, "%s", config().fabric_tag.c_str());
   if (link) m.info = link->local;
   return m;
 }
@@ -421,7 +421,7 @@ void take_hello(Sock &s, const HsMsg &m) {
     stay_tcp(s, m.type == kAbandon ? "peer_abandoned" : "bad_hello");
     return;
   }
-  if (strncmp(m.fabric, config().fabric.c_str(), sizeof m.fabric) != 0) {
+  if (strncmp(m.fabric, config().fabric_tag.c_str(), sizeof m.fabric) != 0) {
     send_msg(s, kDecline, EXDEV);
     stay_tcp(s, "other_fabric");
     return;

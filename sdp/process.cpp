@@ -93,7 +93,7 @@ socklen_t hand_back_name(sockaddr_un &un, pid_t pid) {
   un = sockaddr_un{};
   un.sun_family = AF_UNIX;
   int n = snprintf(un.sun_path + 1, sizeof un.sun_path - 1, "pcientb-sdp/%s/H/%d",
-                   config().fabric.c_str(), int(pid));
+                   config().fabric_tag.c_str(), int(pid));
   return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 

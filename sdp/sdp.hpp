@@ -34,7 +34,10 @@ struct Config {
   uint32_t ring_bytes = 1u << 20;  // PCIENTB_SDP_RING (receive ring per direction)
   int spin_us = 50;                // PCIENTB_SDP_SPIN_US: busy-poll before sleeping
   std::string fabric;              // the provider's (pcientb_fabric_name)
-  std::string stats_path;          // PCIENTB_SDP_STATS
+  // The fabric as discovery names carry it: the name, or a hash of a long one (an abstract
+  // socket name holds 107 bytes, and a cut one could meet another fabric's).
+  std::string fabric_tag;
+  std::string stats_path;  // PCIENTB_SDP_STATS
 };
 const Config &config();
 // A function the provider exports (pcientb.h), or nullptr: it is loaded by libibverbs or
