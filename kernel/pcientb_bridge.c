@@ -52,7 +52,7 @@ enum {
 	SPAD_INBOX_HI = 4,
 	SPAD_BRIDGE = 5, /* BRIDGE_MAGIC while the inbox address stands */
 };
-#define BRIDGE_MAGIC 0x42524731 /* "BRG1" */
+#define BRIDGE_MAGIC 0x42524732 /* "BRG2": the inbox as below */
 #define LIDS PCIENTB_LIDS_PER_PORT
 #define POST_PIECE 256
 #define MOVERS 32 /* moves of this host's nodes into the peer's regions at once */
@@ -64,6 +64,8 @@ struct inbox_node {
 	__le32 life; /* non-zero while the node lives: written last */
 	__le32 chunks;
 	__le64 chunk[PCIENTB_AREA_CHUNKS_MAX]; /* offsets in the peer's window onto its host */
+	__le32 layout; /* its engine's */
+	__le32 reserved;
 };
 
 struct inbox {
@@ -160,7 +162,8 @@ static void set_ack(struct pcientb_bridge *b, u32 idx, u64 nonce)
 }
 
 /* Our node at `idx` as the peer is to see it (area NULL: gone, or none). */
-static void write_entry(struct pcientb_bridge *b, u32 idx, u64 nonce, struct pcientb_area *area)
+static void write_entry(struct pcientb_bridge *b, u32 idx, u64 nonce, u32 layout,
+			struct pcientb_area *area)
 {
 	struct inbox_node __iomem *e = &b->peer_in->nodes[idx];
 	unsigned int i;
@@ -168,6 +171,7 @@ static void write_entry(struct pcientb_bridge *b, u32 idx, u64 nonce, struct pci
 	iowrite32(0, &e->life);
 	wmb();
 	writeq(nonce, &e->nonce);
+	iowrite32(layout, &e->layout);
 	if (area) {
 		for (i = 0; i < area->chunks; i++)
 			if (page_to_phys(area->chunk[i]) + PCIENTB_CHUNK_BYTES > b->trans_size)
@@ -290,7 +294,8 @@ static void connect(struct pcientb_bridge *b)
 	for (idx = 0; idx < LIDS; idx++) {
 		writeq(0, &b->peer_in->acks[idx]);
 		node = local_node(b, idx);
-		write_entry(b, idx, node ? node->nonce : 0, node ? node->area : NULL);
+		write_entry(b, idx, node ? node->nonce : 0, node ? node->layout : 0,
+			    node ? node->area : NULL);
 		if (node)
 			pcientb_node_put(node);
 	}
@@ -300,7 +305,7 @@ static void connect(struct pcientb_bridge *b)
 		if (node)
 			pcientb_node_put(node); /* its successor's entry is written */
 		else
-			write_entry(b, k->idx, k->nonce, NULL);
+			write_entry(b, k->idx, k->nonce, 0, NULL);
 	}
 	dev_info(&b->ntb->dev, "bridge to the peer's nodes up\n");
 }
@@ -341,7 +346,8 @@ static bool scan_node(struct pcientb_bridge *b, u32 idx)
 	set_ack(b, idx, nonce);
 	rmb();
 	if (le32_to_cpu(READ_ONCE(e->life)) != life || le64_to_cpu(READ_ONCE(e->nonce)) != nonce ||
-	    pcientb_remote_add(b->dev, b->peer_base + idx, nonce, chunks, off, b->out_phys))
+	    pcientb_remote_add(b->dev, b->peer_base + idx, nonce, le32_to_cpu(READ_ONCE(e->layout)),
+			       chunks, off, b->out_phys))
 		set_ack(b, idx, 0);
 	return true;
 }
@@ -401,18 +407,19 @@ void pcientb_bridge_kick(struct pcientb_ib *dev)
  * Our node `lid` came (area: its area) or went (area: the area it had): the peer learns
  * it. A gone node's area is kept while the peer may still write it.
  */
-void pcientb_bridge_publish(struct pcientb_ib *dev, u32 lid, u64 nonce, struct pcientb_area *area,
-			    bool alive)
+void pcientb_bridge_publish(struct pcientb_ib *dev, struct pcientb_node *node, bool alive)
 {
 	struct pcientb_bridge *b = dev->bridge;
-	u32 idx = lid - (b ? b->own_base : 0);
+	u32 idx = node->lid - (b ? b->own_base : 0);
+	struct pcientb_area *area = node->area;
+	u64 nonce = node->nonce;
 	struct kept_area *k;
 
 	if (!b)
 		return;
 	down_write(&b->sem);
 	if (b->connected) {
-		write_entry(b, idx, nonce, alive ? area : NULL);
+		write_entry(b, idx, nonce, node->layout, alive ? area : NULL);
 		ring_peer(b);
 	}
 	/* Dead, written and flushed: now the ack tells whether the peer knew it. */

@@ -130,7 +130,7 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 		rc = ib_copy_from_udata(&req, udata, min(udata->inlen, sizeof(req)));
 		if (rc)
 			return rc;
-		if (req.flags & ~PCIENTB_UCONTEXT_NO_NODE || req.reserved)
+		if (req.flags & ~PCIENTB_UCONTEXT_NO_NODE)
 			return -EINVAL;
 	}
 	if (req.flags & PCIENTB_UCONTEXT_NO_NODE)
@@ -142,7 +142,7 @@ static int pcientb_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *uda
 		return lid == -ENOSPC ? -EUSERS : lid;
 	uc->lid = lid;
 	resp.lid = lid;
-	rc = pcientb_node_add(dev, uc, resp.nonce);
+	rc = pcientb_node_add(dev, uc, resp.nonce, req.layout);
 	if (rc)
 		goto free_lid;
 	rc = ib_copy_to_udata(udata, &resp, sizeof(resp));

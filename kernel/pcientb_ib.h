@@ -49,6 +49,7 @@ struct pcientb_node {
 	struct kref ref;
 	u32 lid;
 	u64 nonce;
+	u32 layout; /* its engine's */
 	struct pcientb_area *area; /* NULL: remote */
 	unsigned int chunks; /* remote: of its area */
 	u64 chunk_off[PCIENTB_AREA_CHUNKS_MAX]; /* remote: in the outbound window */
@@ -96,14 +97,14 @@ extern const struct uapi_definition pcientb_node_defs[];
 
 int pcientb_nodes_init(struct pcientb_ib *dev);
 void pcientb_nodes_destroy(struct pcientb_ib *dev);
-int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce);
+int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce, u32 layout);
 void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc);
 size_t pcientb_area_size(void);
 void pcientb_area_put(struct pcientb_area *area);
 struct pcientb_node *pcientb_node_get(struct pcientb_ib *dev, u32 lid);
 void pcientb_node_put(struct pcientb_node *node);
 void pcientb_node_signal(struct pcientb_node *node);
-int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int chunks,
+int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, u32 layout, unsigned int chunks,
 		       const u64 *chunk_off, phys_addr_t window);
 void pcientb_remote_remove(struct pcientb_ib *dev, struct pcientb_node *node);
 
@@ -111,8 +112,7 @@ void pcientb_remote_remove(struct pcientb_ib *dev, struct pcientb_node *node);
 extern const struct uapi_definition pcientb_bridge_defs[];
 int pcientb_bridge_init(struct pcientb_ib *dev);
 void pcientb_bridge_destroy(struct pcientb_ib *dev);
-void pcientb_bridge_publish(struct pcientb_ib *dev, u32 lid, u64 nonce, struct pcientb_area *area,
-			    bool alive);
+void pcientb_bridge_publish(struct pcientb_ib *dev, struct pcientb_node *node, bool alive);
 int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node);
 void pcientb_bridge_export(struct pcientb_ib *dev, u32 index, u32 key, u32 lid, int access,
 			   u64 iova, u64 length, u64 first, const u64 *pages);

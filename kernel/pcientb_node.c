@@ -277,6 +277,7 @@ static int node_enter(struct pcientb_ib *dev, struct pcientb_node *node)
 		return rc;
 	/* The nonce, then the life that makes the entry valid. */
 	WRITE_ONCE(e->chunks, node->area ? node->area->chunks : node->chunks);
+	WRITE_ONCE(e->layout, node->layout);
 	WRITE_ONCE(e->nonce, node->nonce);
 	smp_wmb();
 	WRITE_ONCE(e->life, (u32)node->nonce | 1);
@@ -300,13 +301,14 @@ static void node_leave(struct pcientb_ib *dev, struct pcientb_node *node)
 		eventfd_ctx_put(db);
 }
 
-int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce)
+int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 nonce, u32 layout)
 {
 	struct pcientb_node *node = node_new(uc->lid, nonce);
 	int rc;
 
 	if (!node)
 		return -ENOMEM;
+	node->layout = layout;
 	node->area = area_alloc();
 	if (!node->area) {
 		kfree(node);
@@ -318,7 +320,7 @@ int pcientb_node_add(struct pcientb_ib *dev, struct pcientb_ucontext *uc, u64 no
 		return rc;
 	}
 	uc->node = node;
-	pcientb_bridge_publish(dev, node->lid, nonce, node->area, true);
+	pcientb_bridge_publish(dev, node, true);
 	return 0;
 }
 
@@ -327,12 +329,12 @@ void pcientb_node_remove(struct pcientb_ib *dev, struct pcientb_ucontext *uc)
 	struct pcientb_node *node = uc->node;
 
 	node_leave(dev, node);
-	pcientb_bridge_publish(dev, node->lid, node->nonce, node->area, false);
+	pcientb_bridge_publish(dev, node, false);
 	pcientb_node_put(node);
 }
 
 /* A node of the host across the bridge, as its module published it (pcientb_bridge.c). */
-int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int chunks,
+int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, u32 layout, unsigned int chunks,
 		       const u64 *chunk_off, phys_addr_t window)
 {
 	struct pcientb_node *node = node_new(lid, nonce);
@@ -340,6 +342,7 @@ int pcientb_remote_add(struct pcientb_ib *dev, u32 lid, u64 nonce, unsigned int 
 
 	if (!node)
 		return -ENOMEM;
+	node->layout = layout;
 	node->window = window;
 	node->chunks = chunks;
 	memcpy(node->chunk_off, chunk_off, chunks * sizeof(*chunk_off));

@@ -33,7 +33,12 @@
 #define PCIENTB_UCONTEXT_NO_NODE 0x1
 struct pcientb_ucontext_req {
 	__u32 flags;
-	__u32 reserved;
+	/*
+	 * The node's engine layout: a fingerprint of what its peers read in its area. Published
+	 * in the node table; a provider talks only to nodes of its own (two builds would
+	 * misread each other's areas).
+	 */
+	__u32 layout;
 };
 
 /* The driver data of GET_CONTEXT's response. */
@@ -83,6 +88,8 @@ struct pcientb_node_entry {
 	__u32 life;
 	__u32 chunks; /* of its area */
 	__aligned_u64 nonce;
+	__u32 layout; /* its engine's (pcientb_ucontext_req) */
+	__u32 reserved;
 };
 
 /*

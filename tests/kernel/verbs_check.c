@@ -105,6 +105,12 @@ static int kcmd(int fd, uint32_t command, const void *cmd, size_t len, size_t re
   return n == (ssize_t)(sizeof hdr + len) ? 0 : n < 0 ? errno : EIO;
 }
 
+// The node table's size, in whole pages.
+#define TABLE_BYTES \
+  ((2 * PCIENTB_LIDS_PER_PORT * sizeof(struct pcientb_node_entry) + 4095) & ~(size_t)4095)
+// The engine layout this program's raw contexts give (the table publishes it).
+#define KCHECK_LAYOUT 0x6b636b31u
+
 static struct kctx *kopen(struct ibv_device *d) {
   struct kctx *k = calloc(1, sizeof *k);
   char path[128];
@@ -112,7 +118,10 @@ static struct kctx *kopen(struct ibv_device *d) {
     struct ib_uverbs_get_context_resp core;
     struct pcientb_ucontext_resp info;
   } r;
-  struct ib_uverbs_get_context gc = {.response = (uintptr_t)&r};
+  struct {  // the command, then its driver data
+    struct ib_uverbs_get_context core;
+    struct pcientb_ucontext_req req;
+  } gc = {.core = {.response = (uintptr_t)&r}, .req = {.layout = KCHECK_LAYOUT}};
   struct ib_uverbs_alloc_pd_resp pr;
   struct ib_uverbs_alloc_pd ap = {.response = (uintptr_t)&pr};
   int err;
@@ -375,10 +384,10 @@ static void check_moves(struct ibv_device *da, struct ibv_device *db) {
   const uint64_t base = (uintptr_t)region;
   if (da != db) {  // B's host learns of A a moment after A came
     const struct pcientb_node_entry *table =
-        map(b, 4 * 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+        map(b, TABLE_BYTES, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
     if (table == MAP_FAILED || !table_says(table, la, a->info.nonce, 1, 5))
       fail(name, "node A does not show alive across the bridge", errno);
-    if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
+    if (table != MAP_FAILED) munmap((void *)table, TABLE_BYTES);
   }
   for (i = 0; i < kLen; i++) src[i] = (char)(i * 13 + 1);
   memset(rbuf, 0x5a, 4096);
@@ -510,7 +519,7 @@ static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
   }
   const uint16_t la = lid_of(a), lb = lid_of(b);
   area_size = a->info.area_size;
-  table = map(b, 4 * 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+  table = map(b, TABLE_BYTES, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
   own = map(a, a->info.area_size, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_AREA);
   if (table == MAP_FAILED || own == MAP_FAILED) {
     fail(name, "mapping B's node table and A's area", errno);
@@ -528,6 +537,11 @@ static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
   // Its area by chunks, write-combined through the window: stores land in A's area.
   const size_t chunk = b->info.chunk_bytes;
   const uint32_t chunks = table[la].chunks;
+  if (table[la].layout != KCHECK_LAYOUT) {
+    printf("FAIL %s: the table says layout %08x for a node across the bridge, not %08x\n", name,
+           table[la].layout, KCHECK_LAYOUT);
+    failures++;
+  }
   if (!chunk || chunks != a->info.area_size / chunk || chunks < 2) {
     printf("FAIL %s: the table says %u chunks of %zu bytes for an area of %llu\n", name, chunks,
            chunk, (unsigned long long)a->info.area_size);
@@ -616,7 +630,7 @@ out:
   if (w >= 0) close(w);
   if (efd >= 0) close(efd);
   if (own != MAP_FAILED) munmap(own, area_size);
-  if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
+  if (table != MAP_FAILED) munmap((void *)table, TABLE_BYTES);
   if (a) kclose(a);
   if (b) kclose(b);
 }
@@ -639,16 +653,17 @@ static void check_nodes(struct ibv_device *d) {
     goto out;
   }
   const uint16_t la = lid_of(a), lb = lid_of(b);
-  table = map(b, 4 * 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+  table = map(b, TABLE_BYTES, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
   if (table == MAP_FAILED) {
     fail(name, "mapping the node table", errno);
     goto out;
   }
   const uint64_t nonce_a = table[la].nonce;
   if (!table[la].life || !table[lb].life || !nonce_a || nonce_a == table[lb].nonce ||
-      table[la].life != ((uint32_t)nonce_a | 1) || table[1023].life) {
-    printf("FAIL %s: node table: LID %u life %#x nonce %#llx, LID %u life %#x\n", name, la,
-           table[la].life, (unsigned long long)nonce_a, lb, table[lb].life);
+      table[la].life != ((uint32_t)nonce_a | 1) || table[1023].life ||
+      table[la].layout != KCHECK_LAYOUT) {
+    printf("FAIL %s: node table: LID %u life %#x nonce %#llx layout %08x, LID %u life %#x\n", name,
+           la, table[la].life, (unsigned long long)nonce_a, table[la].layout, lb, table[lb].life);
     failures++;
   }
   check_map_refused(name, "the node table for writing",
@@ -726,7 +741,7 @@ out:
   if (efd >= 0) close(efd);
   if (own != MAP_FAILED) munmap(own, len);
   if (peer != MAP_FAILED) munmap(peer, len);
-  if (table != MAP_FAILED) munmap((void *)table, 4 * 4096);
+  if (table != MAP_FAILED) munmap((void *)table, TABLE_BYTES);
   if (a) kclose(a);
   if (b) kclose(b);
 }
@@ -850,6 +865,96 @@ out:
   free(buf);
 }
 
+// A node of another build of the provider (here a raw context, whose layout the table
+// says is KCHECK_LAYOUT) is not reached: the engine's WRITE to it fails, and the provider
+// says why on stderr (captured here).
+static void check_other_layout(struct ibv_context *ctx, struct ibv_device *d, const char *name) {
+  struct kctx *other = kopen(d);
+  struct ibv_pd *pd = ibv_alloc_pd(ctx);
+  struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+  static char buf[64];
+  struct ibv_mr *mr = pd ? ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp_init_attr ia = {
+      .send_cq = cq,
+      .recv_cq = cq,
+      .qp_type = IBV_QPT_RC,
+      .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
+  struct ibv_qp *qp = mr && cq ? ibv_create_qp(pd, &ia) : NULL;
+  char said[4096] = "";
+  int err_fd = -1, saved = -1, pipe_fds[2] = {-1, -1};
+  const char *why = NULL;
+
+  if (!other || !qp) {
+    fail(name, "a raw context, and a PD, CQ, region and RC QP", errno);
+    goto out;
+  }
+  // The provider looks for the peer when the QP connects (RTR).
+  // Into a pipe (the root is read-only here), read once the WRITE has failed.
+  fflush(stderr);
+  if (pipe(pipe_fds) == 0) {
+    err_fd = pipe_fds[0];
+    fcntl(err_fd, F_SETFL, O_NONBLOCK);
+  }
+  saved = dup(2);
+  if (err_fd < 0 || saved < 0 || dup2(pipe_fds[1], 2) < 0) {
+    fail(name, "capturing stderr", errno);
+    goto out;
+  }
+  struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT, .port_num = 1};
+  struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = IBV_MTU_4096,
+                            .dest_qp_num = 1,
+                            .max_dest_rd_atomic = 1,
+                            .min_rnr_timer = 12,
+                            .ah_attr = {.dlid = lid_of(other), .port_num = 1}};
+  struct ibv_qp_attr rts = {
+      .qp_state = IBV_QPS_RTS, .timeout = 8, .retry_cnt = 1, .rnr_retry = 1, .max_rd_atomic = 1};
+  if (ibv_modify_qp(qp, &init,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ||
+      ibv_modify_qp(qp, &rtr,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) ||
+      ibv_modify_qp(qp, &rts,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
+    fail(name, "connecting a QP to the raw context", errno);
+    goto out;
+  }
+  struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
+  struct ibv_send_wr wr = {.sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE,
+                           .send_flags = IBV_SEND_SIGNALED,
+                           .wr.rdma = {.remote_addr = 4096, .rkey = 0x100}};
+  why = run_wr(qp, cq, &wr);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  saved = -1;
+  close(pipe_fds[1]);
+  pipe_fds[1] = -1;
+  const ssize_t got = read(err_fd, said, sizeof said - 1);
+  said[got > 0 ? got : 0] = 0;
+  if (!why) fail(name, "a WRITE to a node of another build succeeded", 0);
+  if (!strstr(said, "runs another build of the pcientb provider")) {
+    printf("FAIL %s: the provider did not say the other node runs another build: %s\n", name, said);
+    failures++;
+  }
+out:
+  if (saved >= 0) {
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+  }
+  if (err_fd >= 0) close(err_fd);
+  if (pipe_fds[1] >= 0) close(pipe_fds[1]);
+  if (qp) ibv_destroy_qp(qp);
+  if (mr) ibv_dereg_mr(mr);
+  if (cq) ibv_destroy_cq(cq);
+  if (pd) ibv_dealloc_pd(pd);
+  if (other) kclose(other);
+}
+
 // A device as a program sees it through libibverbs: the provider's engine, on the
 // kernel fabric of the device (a process is one node); then what pcientb.ko itself does.
 static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
@@ -901,6 +1006,7 @@ static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   rc = ibv_query_pkey(ctx, 1, 0, &pkey);
   if (rc || be16toh(pkey) != 0xffff) fail(name, "P_Key 0 is not 0xffff", rc ? errno : 0);
   check_loopback(ctx, name, lid);
+  check_other_layout(ctx, d, name);
   check_lids(d);
   check_mrs(d);
   check_moves(d, d);

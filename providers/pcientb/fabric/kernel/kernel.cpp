@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -59,7 +60,7 @@ class KernelPeer final : public Peer {
 class KernelFabric final : public Fabric {
  public:
   ~KernelFabric() override;
-  int open(const char *name);
+  int open(const char *name, uint32_t layout);
 
   uint16_t lid() const override { return static_cast<uint16_t>(info_.lid); }
   uint64_t nonce() const override { return info_.nonce; }
@@ -143,12 +144,14 @@ class KernelFabric final : public Fabric {
   int event_fd_ = -1;  // the kernel context's async events
   int bell_fd_ = -1;
   pcientb_ucontext_resp info_{};
+  uint32_t layout_ = 0;  // the engine's: a node of another is not a peer
   uint64_t guid_ = 0;
   uint32_t pd_ = 0;
   uint8_t *area_ = nullptr;
   const pcientb_node_entry *table_ = nullptr;
   size_t table_bytes_ = 0;
 
+  std::atomic<bool> warned_layout_{false};
   std::mutex peers_mu_;
   std::vector<std::unique_ptr<KernelPeer>> peers_;    // by LID
   std::vector<std::unique_ptr<KernelPeer>> retired_;  // dead peers' mappings, kept until we go
@@ -182,15 +185,22 @@ std::string uverbs_path(const std::string &ibdev) {
   return it == devices.end() ? std::string() : it->second;
 }
 
-int KernelFabric::open(const char *name) {
+int KernelFabric::open(const char *name, uint32_t layout) {
   name_ = name;
+  layout_ = layout;
   const std::string path = uverbs_path(name_.substr(sizeof kPrefix - 1));
   if (path.empty()) return ENODEV;
   fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd_ < 0) return errno;
   alignas(8) unsigned char r[sizeof(ib_uverbs_get_context_resp) + sizeof info_] = {};
-  ib_uverbs_get_context gc{};
+  // The command, then its driver data: this node's layout, which the node table publishes.
+  struct {
+    uint64_t response;
+    pcientb_ucontext_req req;
+  } gc{};
+  static_assert(sizeof(ib_uverbs_get_context) == offsetof(decltype(gc), req));
   gc.response = response_at(r);
+  gc.req.layout = layout;
   if (int err = execute(fd_, IB_USER_VERBS_CMD_GET_CONTEXT, gc, sizeof r)) return err;
   ib_uverbs_get_context_resp core{};
   memcpy(&core, r, sizeof core);
@@ -247,6 +257,15 @@ Peer *KernelFabric::peer(uint16_t lid) {
   // The module writes the nonce, then the life made of it: a pair that does not
   // match was read across another incarnation's coming or going.
   if (!value || value != (static_cast<uint32_t>(nonce) | 1)) return nullptr;
+  // A node of another build of the provider would misread our posts, and we its area.
+  if (e.layout != layout_) {
+    if (!warned_layout_.exchange(true))
+      fprintf(stderr,
+              "pcientb: %s: node %u runs another build of the pcientb provider (layout %08x, "
+              "this one %08x): it is not reached (use one build on all nodes)\n",
+              name_.c_str(), lid, e.layout, layout_);
+    return nullptr;
+  }
   const bool self = lid == info_.lid;
   // A node of the other host: the other half of the LIDs.
   const bool across = lid / PCIENTB_LIDS_PER_PORT != info_.lid / PCIENTB_LIDS_PER_PORT;
@@ -354,9 +373,9 @@ MoveStatus KernelFabric::move(Peer &p, WindowId w, uint64_t raddr, void *local, 
   return p.live() ? MoveStatus::bad_window : MoveStatus::peer_dead;
 }
 
-std::unique_ptr<Fabric> open_kernel(const char *name, uint32_t, int *err) {
+std::unique_ptr<Fabric> open_kernel(const char *name, uint32_t layout, int *err) {
   auto f = std::make_unique<KernelFabric>();
-  if (int e = f->open(name)) {
+  if (int e = f->open(name, layout)) {
     *err = e;
     return nullptr;
   }
@@ -378,14 +397,15 @@ std::vector<std::string> kernel_fabric_names() {
 // The node table of a device, through a context that is not a node, and the
 // areas of its host's nodes mapped read-only. Nodes across the bridge are
 // listed without their areas (EREMOTE: a load through the window would cross
-// the link). The module keeps no pid: NodeView::pid is 0.
+// the link), as are nodes of another build (EPROTO: their areas would be
+// misread). The module keeps no pid: NodeView::pid is 0.
 class KernelFabricView final : public FabricView {
  public:
   ~KernelFabricView() override {
     for (auto [m, len] : maps_) munmap(m, len);
     if (fd_ >= 0) close(fd_);
   }
-  int open(const char *name) {
+  int open(const char *name, uint32_t layout) {
     name_ = name;
     if (!is_kernel_fabric(name)) return ENOENT;
     const std::string path = uverbs_path(name_.substr(sizeof kPrefix - 1));
@@ -410,6 +430,8 @@ class KernelFabricView final : public FabricView {
       v.alive = true;
       if (lid / PCIENTB_LIDS_PER_PORT != half) {
         v.error = EREMOTE;
+      } else if (table[lid].layout != layout) {
+        v.error = EPROTO;
       } else {
         void *a = mmap(nullptr, info.area_size, PROT_READ, MAP_SHARED, fd_,
                        static_cast<off_t>(PCIENTB_MMAP_PEER(lid) * kPage));
@@ -435,9 +457,9 @@ class KernelFabricView final : public FabricView {
   std::vector<std::pair<void *, size_t>> maps_;
 };
 
-std::unique_ptr<FabricView> view_kernel_fabric(const char *name, uint32_t, int *err) {
+std::unique_ptr<FabricView> view_kernel_fabric(const char *name, uint32_t layout, int *err) {
   auto v = std::make_unique<KernelFabricView>();
-  if (int e = v->open(name)) {
+  if (int e = v->open(name, layout)) {
     *err = e;
     return nullptr;
   }
