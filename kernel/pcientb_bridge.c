@@ -636,7 +636,8 @@ int pcientb_bridge_move(struct pcientb_ib *dev, struct pcientb_node *node,
 	if (!bounce)
 		return -ENOMEM;
 	atomic64_inc(&b->moves);
-	if (down_interruptible(&b->movers_free)) {
+	/* Only a dying process stops waiting: any other error fails the transfer. */
+	if (down_killable(&b->movers_free)) {
 		kfree(bounce);
 		return -EINTR;
 	}
