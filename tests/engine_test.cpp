@@ -186,6 +186,32 @@ TEST_F(EngineOnFake, LaneFullAndGoBacksDelaySendsToALiveTargetButFailNone) {
   EXPECT_EQ(b->poll(kCount, 20000).size(), kCount);
 }
 
+// A target whose pulls are slow (a busy host, pulls across a bridge) answers as it
+// serves, not after a batch of them, and each answer restarts the requester's timer: a
+// window of large SENDs that takes longer to serve than the answer timeout fails none and
+// is sent once.
+TEST_F(EngineOnFake, SlowPullsDelayAnswersButFailNoSend) {
+  a = std::make_unique<EngineEnd>("engine_slow_a", 1 << 20, 256);
+  b = std::make_unique<EngineEnd>("engine_slow_b", 1 << 20, 256);
+  ASSERT_EQ(0, a->connect(b->lid(), b->qpn()));
+  ASSERT_EQ(0, b->connect(a->lid(), a->qpn()));
+  constexpr uint32_t kCount = 128, kLen = 4096;  // pulled: over kRecordInline
+  for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(0, b->post_recv(i, i * kLen, kLen));
+  fake::slow_reads(b->lid(), 20000);  // 2.6 s for them all
+  for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(0, a->post_send(i, IBV_WR_SEND, 0, kLen));
+  size_t ok = 0;
+  for (const ibv_wc &wc : a->poll(kCount, 30000)) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS)
+        << "wr " << wc.wr_id << ": " << ibv_wc_status_str(wc.status);
+    ok += wc.status == IBV_WC_SUCCESS;
+  }
+  EXPECT_EQ(ok, kCount);
+  EXPECT_EQ(b->poll(kCount, 30000).size(), kCount);
+  fake::slow_reads(b->lid(), 0);
+  EXPECT_EQ(a->qp()->stats->transport_retries.get(), 0u) << "requests were sent again";
+  EXPECT_EQ(a->qp()->stats->rnr_retries.get(), 0u) << "requests were sent again";
+}
+
 // Inline SENDs keep the bytes they had when posted, even when they are sent again after
 // receiver-not-ready answers and the caller reused its buffer at once: short ones (held
 // in the WR itself) and longer ones (held on the heap), from one piece or several.

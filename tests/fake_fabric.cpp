@@ -45,6 +45,7 @@ struct NodeState {
   int bell = -1;                  // eventfd: the node doorbell
   std::atomic<uint64_t> quiet_until{0};
   std::atomic<bool> deaf{false};
+  std::atomic<uint32_t> read_delay_us{0};
   std::mutex windows_mu;
   std::vector<Window> windows{1};  // index 0 is never a window
 };
@@ -130,6 +131,7 @@ class FakeFabric final : public Fabric {
   MoveStatus read(Peer &p, WindowId w, uint64_t raddr, void *dst, size_t len) override {
     add(&fabric::Work::dma_reads, 1);
     add(&fabric::Work::dma_read_bytes, len);
+    if (const uint32_t us = me_->read_delay_us.load()) usleep(us);
     return move(p, w, raddr, len, [&](uint8_t *at) { memcpy(dst, at, len); });
   }
 
@@ -276,6 +278,12 @@ void deafen(uint16_t lid, bool deaf) {
   Hub &h = hub();
   std::lock_guard<std::mutex> g(h.mu);
   if (lid && lid <= kMaxLids && h.nodes[lid]) h.nodes[lid]->deaf.store(deaf);
+}
+
+void slow_reads(uint16_t lid, uint32_t us) {
+  Hub &h = hub();
+  std::lock_guard<std::mutex> g(h.mu);
+  if (lid && lid <= kMaxLids && h.nodes[lid]) h.nodes[lid]->read_delay_us.store(us);
 }
 
 void kill(uint16_t lid) {

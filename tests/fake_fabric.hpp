@@ -25,6 +25,10 @@ void *area(uint16_t lid);
 // progress thread leaves what peers post to the node's own polls.
 void deafen(uint16_t lid, bool deaf);
 
+// Each move the node with that LID makes out of a peer's window (a pull, a READ)
+// takes `us` microseconds more: a busy host, or a pull across a bridge.
+void slow_reads(uint16_t lid, uint32_t us);
+
 // The node with that LID dies: its peers see it dead (Peer::live, death_fd)
 // and its area takes no more posts.
 void kill(uint16_t lid);

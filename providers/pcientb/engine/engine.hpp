@@ -142,7 +142,7 @@ class Node {
         wake();
       if (due && due <= now_ns()) run_due();
     }
-    service();
+    service(true);
   }
   // This thread is about to sleep on a completion event (it armed a CQ):
   // peers ring from now on, or what they post would wait for the mask's end.
@@ -158,8 +158,12 @@ class Node {
   OutLink *link(fabric::Peer &peer);
   // Takes what peers wrote to this node's lanes: requests are executed and
   // answered, answers handed to their QPs. Any thread, any time; cheap when
-  // there is nothing.
-  void service();
+  // there is nothing. polled: an application's thread (a poll), which serves
+  // requests for about a millisecond at most, then leaves the rest to the
+  // progress thread: requests may keep coming while slow ones are served (pulls
+  // across the bridge), and the application must get back to its completions
+  // to post its receives again (else the requester meets RNR and goes back).
+  void service(bool polled = false);
   // Returns once no thread serves a request of, or hands an answer to, a
   // QP it found before now: a QP taken out of the tables (retire_qp) is
   // then safe to free.
@@ -196,8 +200,10 @@ class Node {
   void push_qp_to(const InLink &to, uint32_t idx);
   // out: the link to the same peer, whose answers are taken before requests
   // that came after them.
-  void serve_requests(InLink &l, OutLink *out);
-  bool serve_requests_locked(InLink &l, OutLink *out);  // with l.mu; false: no room to answer
+  void serve_requests(InLink &l, OutLink *out, bool polled = false);
+  // With l.mu; false: no room to answer. stopped (polled only): set when the
+  // poll's time ran out with requests left.
+  bool serve_requests_locked(InLink &l, OutLink *out, bool *stopped = nullptr);
   // wait: even if another thread takes them now (then they are taken on return).
   void take_answers(OutLink &l, bool wait = false);
   void take_answers_locked(OutLink &l);  // with l.ans_mu

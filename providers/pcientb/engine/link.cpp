@@ -28,6 +28,15 @@ struct QpWords {
 };
 static_assert(sizeof(QpWords) == sizeof(QpMirror) - offsetof(QpMirror, qpn));
 
+// A successful SEND's answer (and the receive completions it covers) is held while the
+// requests after it are served, so that a run of them costs one answer; but a tick of the
+// coarse clock at most: a request whose bytes are pulled may take long (a pull across the
+// bridge on a busy host), and the requester, its window full, waits for answers meanwhile.
+constexpr uint64_t kAnswerHoldNs = 1000000;
+// An application's thread (a poll) serves requests this long at most (a tick of the
+// coarse clock); then the progress thread does.
+constexpr uint64_t kServeBudgetNs = 1000000;
+
 uint32_t seq_of(uint64_t pos) {
   return static_cast<uint32_t>(pos + 1);
 }
@@ -267,16 +276,24 @@ void Node::serve_links() {
   }
 }
 
-void Node::serve_requests(InLink &l, OutLink *out) {
+void Node::serve_requests(InLink &l, OutLink *out, bool polled) {
   void *area = fab_->area();
   // Nothing there (the common case of a poll): no locked instruction. A
   // thread that finds the lock taken leaves: the holder looks again after
   // it lets go.
-  while (lane_peek(area, l.requests) && l.mu.try_lock())
-    if (!serve_requests_locked(l, out)) return;  // no room to answer: the peer's credit rings
+  bool stopped = false;
+  while (lane_peek(area, l.requests) && l.mu.try_lock()) {
+    if (!serve_requests_locked(l, out, polled ? &stopped : nullptr))
+      return;  // no room to answer: the peer's credit rings
+    if (stopped) {
+      // The rest is the progress thread's (it may have found the lock taken, and left).
+      wake();
+      return;
+    }
+  }
 }
 
-bool Node::serve_requests_locked(InLink &l, OutLink *out) {
+bool Node::serve_requests_locked(InLink &l, OutLink *out, bool *stopped) {
   void *area = fab_->area();
   bool answered = false, room = true;
   // A SEND's success acknowledges every request of its QP before it (as an
@@ -284,6 +301,9 @@ bool Node::serve_requests_locked(InLink &l, OutLink *out) {
   // completions of the requests an answer covers are published after it.
   AnswerRecord held{};
   bool holding = false;
+  uint64_t held_since = 0;
+  const uint64_t start = stopped ? coarse_now_ns() : 0;
+  bool served = false;
   // Filled as requests are served, not constructed up front (64 of them
   // cost a small SEND's serve as much again).
   union Held {
@@ -311,9 +331,22 @@ bool Node::serve_requests_locked(InLink &l, OutLink *out) {
       take_answers(*out, true);
     }
     if (h->type != kRecPad) {
+      if (holding || (stopped && served)) {
+        const uint64_t now = coarse_now_ns();
+        if (stopped && served && now - start >= kServeBudgetNs) {
+          *stopped = true;
+          break;
+        }
+        if (holding && now - held_since >= kAnswerHoldNs) {
+          flush();
+          fab_->doorbell(*l.peer);  // a requester that sleeps takes it now
+          answered = false;
+        }
+      }
       // No room to answer (the one held, and this one): the rest waits
       // (answers never wait for requests).
       if (!(room = lane_room(l.answers, 2 * kCell))) break;
+      served = true;
       AnswerRecord a{};
       Receipt r;
       const bool send = h->type == kRecSend;
@@ -321,6 +354,7 @@ bool Node::serve_requests_locked(InLink &l, OutLink *out) {
       if (answer && send && a.status == IBV_WC_SUCCESS) {
         if (holding && held.head.qpn != a.head.qpn) flush();
         memcpy(static_cast<void *>(&held), &a, sizeof a);
+        if (!holding) held_since = coarse_now_ns();
         holding = true;
         new (&done[n_done++].r) Receipt(r);
         if (n_done == std::size(done)) flush();
@@ -407,7 +441,7 @@ void Node::links_barrier() {
   wake();
 }
 
-void Node::service() {
+void Node::service(bool polled) {
   void *area = fab_->area();
   for (uint32_t lid = 1, top = links_top_.load(std::memory_order_acquire); lid < top; ++lid) {
     InLink *in = in_[lid].load(std::memory_order_acquire);
@@ -421,7 +455,7 @@ void Node::service() {
     OutLink *out = out_[lid].load(std::memory_order_acquire);
     if (out && !out->up.load(std::memory_order_acquire)) out = nullptr;
     if (out) take_answers(*out, requests);
-    if (requests) serve_requests(*in, out);
+    if (requests) serve_requests(*in, out, polled);
   }
 }
 

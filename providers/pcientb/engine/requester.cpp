@@ -771,6 +771,12 @@ uint64_t answer_locked(Qp *qp, const AnswerRecord &a) {
   } else {
     w.status = static_cast<ibv_wc_status>(a.status);
   }
+  // The target makes progress: as an HCA's transport timer, restarted for the requests
+  // still out. Counted from their posts, their deadlines would include their wait behind
+  // the requests before them in the target's lane (a window of large pulls on a busy host).
+  const uint64_t deadline = coarse_now_ns() + answer_wait_ns(qp);
+  for (size_t j = 0; j < sent.size(); ++j)
+    if (!sent[j].done && sent[j].deadline_ns < deadline) sent[j].deadline_ns = deadline;
   drain_sent(qp);
   // WRs that waited for this answer go now; later deadlines are the
   // progress thread's, which watches the QP while requests are out.
