@@ -65,7 +65,7 @@ struct inbox_node {
 	__le32 chunks;
 	__le64 chunk[PCIENTB_AREA_CHUNKS_MAX]; /* offsets in the peer's window onto its host */
 	__le32 layout; /* its engine's */
-	__le32 reserved;
+	__le32 chunk_shift; /* log2 of its chunks' size: both hosts' must be the same */
 };
 
 struct inbox {
@@ -172,6 +172,7 @@ static void write_entry(struct pcientb_bridge *b, u32 idx, u64 nonce, u32 layout
 	wmb();
 	writeq(nonce, &e->nonce);
 	iowrite32(layout, &e->layout);
+	iowrite32(PAGE_SHIFT + PCIENTB_CHUNK_ORDER, &e->chunk_shift);
 	if (area) {
 		for (i = 0; i < area->chunks; i++)
 			if (page_to_phys(area->chunk[i]) + PCIENTB_CHUNK_BYTES > b->trans_size)
@@ -274,6 +275,10 @@ static void connect(struct pcientb_bridge *b)
 	      ntb_peer_spad_read(b->ntb, 0, SPAD_INBOX_LO);
 	if (ntb_peer_mw_get_addr(b->ntb, b->widx, &base, &size))
 		return;
+	if (!PAGE_ALIGNED(base)) { /* its pages are mapped into processes */
+		dev_warn_ratelimited(&b->ntb->dev, "the window is not page-aligned\n");
+		return;
+	}
 	if (off > size || size - off < sizeof(struct inbox)) {
 		dev_warn_ratelimited(&b->ntb->dev, "the peer's inbox is beyond its window\n");
 		return;
@@ -329,17 +334,22 @@ static bool scan_node(struct pcientb_bridge *b, u32 idx)
 	if (cur) {
 		pcientb_remote_remove(b->dev, cur);
 		pcientb_node_put(cur);
+		/* What processes stored into its mappings before they were emptied lands first. */
+		readq(&b->peer_in->acks[idx]);
 		set_ack(b, idx, 0);
 		acked = true;
 	}
 	if (!life)
 		return acked;
 	chunks = le32_to_cpu(READ_ONCE(e->chunks));
-	if (!chunks || chunks > PCIENTB_AREA_CHUNKS_MAX)
+	if (!chunks || chunks > PCIENTB_AREA_CHUNKS_MAX ||
+	    le32_to_cpu(READ_ONCE(e->chunk_shift)) != PAGE_SHIFT + PCIENTB_CHUNK_ORDER)
 		return acked;
 	for (i = 0; i < chunks; i++) {
 		off[i] = le64_to_cpu(READ_ONCE(e->chunk[i]));
-		if (off[i] > b->out_size || b->out_size - off[i] < PCIENTB_CHUNK_BYTES)
+		/* Mapped page by page into processes: whole pages of the window only. */
+		if (off[i] > b->out_size || b->out_size - off[i] < PCIENTB_CHUNK_BYTES ||
+		    !PAGE_ALIGNED(off[i]))
 			return acked;
 	}
 	/* Acked before anything is written to it, and looked at again after the flush. */

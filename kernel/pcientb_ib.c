@@ -170,9 +170,11 @@ static void pcientb_dealloc_ucontext(struct ib_ucontext *ibuc)
 /*
  * Set so that a port removed under open contexts (unbind, surprise removal, rmmod) does
  * not wait for their processes to exit: uverbs frees their objects through the ops
- * above and sends each IB_EVENT_DEVICE_FATAL. What a context maps is memory (areas, the
- * node table), no device registers: the mappings hold their pages, so nothing needs to be
- * revoked here (the node table stops changing; its entries read as they were).
+ * above and sends each IB_EVENT_DEVICE_FATAL. What a context maps of this host is memory
+ * (areas, the node table): the mappings hold their pages, so nothing needs revoking here
+ * (the node table stops changing; its entries read as they were). Its mappings of remote
+ * areas, window pages, uverbs empties itself (rdma_user_mmap_io), after the bridge's
+ * removal of the remote nodes has emptied them already.
  */
 static void pcientb_disassociate_ucontext(struct ib_ucontext *ibuc)
 {

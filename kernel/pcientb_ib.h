@@ -56,6 +56,7 @@ struct pcientb_node {
 	phys_addr_t window; /* remote: the outbound window's bus address */
 	struct mutex map_mu; /* remote: mappings made vs the node's going (dead) */
 	struct list_head mappers; /* remote: who mapped it (struct pcientb_mapper) */
+	struct list_head mapped_files; /* remote: through what (struct pcientb_mapped_file) */
 	bool dead;
 	wait_queue_head_t watchers;
 	spinlock_t lock; /* doorbell */

@@ -16,6 +16,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/mm.h>
+#include <linux/path.h>
 #include <linux/mmap_lock.h>
 #include <linux/sched/mm.h>
 #include <linux/poll.h>
@@ -121,56 +122,75 @@ static int area_mmap(struct pcientb_area *area, struct vm_area_struct *vma)
 }
 
 /*
- * A process that mapped a remote node (its mm), and the file mapping it went through (the
- * uverbs device node's inode): what remote_unmap needs to reach every such mapping.
+ * What remote_unmap needs to reach every mapping of a remote node: the processes that
+ * mapped it (their mms: to wait for an mmap() under way) and the files they mapped it
+ * through (the uverbs device node's: whose mappings of the node's range are emptied). An
+ * exited process is forgotten; a file is kept while the node lives (a mapping may outlive
+ * the process that made it in another, e.g. one it passed its fd to).
  */
 struct pcientb_mapper {
 	struct list_head list;
 	struct mm_struct *mm; /* mmgrab()bed */
-	struct inode *inode; /* igrab()bed */
+};
+
+struct pcientb_mapped_file {
+	struct list_head list;
+	struct address_space *mapping;
+	struct path path; /* holds the mapping's inode, and its mount */
 };
 
 static void mapper_free(struct pcientb_mapper *m)
 {
 	list_del(&m->list);
 	mmdrop(m->mm);
-	iput(m->inode);
 	kfree(m);
 }
 
-/*
- * Notes who maps `node` (under map_mu); processes that exited are forgotten here, so the
- * list stays as long as the processes that map the node at once.
- */
+static void mapped_file_free(struct pcientb_mapped_file *f)
+{
+	list_del(&f->list);
+	path_put(&f->path);
+	kfree(f);
+}
+
+/* Notes who maps `node`, and through which file (under map_mu). */
 static int mapper_note(struct pcientb_node *node, struct vm_area_struct *vma)
 {
-	struct inode *inode = vma->vm_file->f_mapping->host;
-	struct pcientb_mapper *m, *next;
+	struct pcientb_mapper *m, *next, *mine = NULL;
+	struct pcientb_mapped_file *f;
 
 	list_for_each_entry_safe(m, next, &node->mappers, list) {
-		if (m->mm == vma->vm_mm && m->inode == inode)
+		if (m->mm == vma->vm_mm)
+			mine = m;
+		else if (!atomic_read(&m->mm->mm_users))
+			mapper_free(m); /* exited: nothing of it maps the node any more */
+	}
+	if (!mine) {
+		mine = kmalloc(sizeof(*mine), GFP_KERNEL);
+		if (!mine)
+			return -ENOMEM;
+		mine->mm = vma->vm_mm;
+		mmgrab(mine->mm);
+		list_add(&mine->list, &node->mappers);
+	}
+	list_for_each_entry(f, &node->mapped_files, list)
+		if (f->mapping == vma->vm_file->f_mapping)
 			return 0;
-		if (!atomic_read(&m->mm->mm_users))
-			mapper_free(m);
-	}
-	m = kmalloc(sizeof(*m), GFP_KERNEL);
-	if (!m)
+	f = kmalloc(sizeof(*f), GFP_KERNEL);
+	if (!f)
 		return -ENOMEM;
-	m->inode = igrab(inode);
-	if (!m->inode) {
-		kfree(m);
-		return -ENOENT;
-	}
-	m->mm = vma->vm_mm;
-	mmgrab(m->mm);
-	list_add(&m->list, &node->mappers);
+	f->mapping = vma->vm_file->f_mapping;
+	f->path = vma->vm_file->f_path;
+	path_get(&f->path);
+	list_add(&f->list, &node->mapped_files);
 	return 0;
 }
 
 /*
  * Maps chunk `chunk` of remote `node`'s area, write-combined through the window. uverbs
  * keeps the mapping (rdma_user_mmap_io): once emptied (remote_unmap, or the device's
- * removal), a store faults in a zeroed page of the caller's file instead.
+ * removal), a store faults in a page of the caller's file instead (zeroed when first
+ * given; shared by all such mappings of that file). A forked child does not inherit it.
  */
 static int remote_mmap(struct ib_ucontext *ibuc, struct pcientb_node *node, unsigned int chunk,
 		       struct vm_area_struct *vma)
@@ -182,10 +202,12 @@ static int remote_mmap(struct ib_ucontext *ibuc, struct pcientb_node *node, unsi
 		return -EINVAL;
 	mutex_lock(&node->map_mu);
 	rc = READ_ONCE(node->dead) ? -ENOENT : mapper_note(node, vma);
-	if (!rc)
+	if (!rc) {
+		vma->vm_flags |= VM_DONTCOPY;
 		rc = rdma_user_mmap_io(ibuc, vma, PHYS_PFN(node->window + node->chunk_off[chunk]),
 				       PCIENTB_CHUNK_BYTES, pgprot_writecombine(vma->vm_page_prot),
 				       NULL);
+	}
 	mutex_unlock(&node->map_mu);
 	return rc;
 }
@@ -201,6 +223,7 @@ static void remote_unmap(struct pcientb_node *node)
 	const loff_t start = PCIENTB_MMAP_REMOTE(node->lid, 0) << PAGE_SHIFT;
 	const loff_t len = (loff_t)PCIENTB_MMAP_REMOTE_CHUNKS * PCIENTB_MMAP_REMOTE_STRIDE
 			   << PAGE_SHIFT;
+	struct pcientb_mapped_file *f, *next_f;
 	struct pcientb_mapper *m, *next;
 
 	mutex_lock(&node->map_mu); /* an mmap() that saw the node alive has left remote_mmap */
@@ -209,19 +232,24 @@ static void remote_unmap(struct pcientb_node *node)
 		mmap_read_lock(m->mm);
 		mmap_read_unlock(m->mm);
 	}
-	list_for_each_entry(m, &node->mappers, list)
-		unmap_mapping_range(m->inode->i_mapping, start, len, 1);
+	list_for_each_entry(f, &node->mapped_files, list)
+		unmap_mapping_range(f->mapping, start, len, 1);
 	list_for_each_entry_safe(m, next, &node->mappers, list)
 		mapper_free(m);
+	list_for_each_entry_safe(f, next_f, &node->mapped_files, list)
+		mapped_file_free(f);
 }
 
 static void node_release(struct kref *ref)
 {
 	struct pcientb_node *node = container_of(ref, struct pcientb_node, ref);
+	struct pcientb_mapped_file *f, *next_f;
 	struct pcientb_mapper *m, *next;
 
 	list_for_each_entry_safe(m, next, &node->mappers, list)
 		mapper_free(m);
+	list_for_each_entry_safe(f, next_f, &node->mapped_files, list)
+		mapped_file_free(f);
 
 	if (node->area)
 		pcientb_area_put(node->area);
@@ -264,6 +292,7 @@ static struct pcientb_node *node_new(u32 lid, u64 nonce)
 	spin_lock_init(&node->lock);
 	mutex_init(&node->map_mu);
 	INIT_LIST_HEAD(&node->mappers);
+	INIT_LIST_HEAD(&node->mapped_files);
 	return node;
 }
 

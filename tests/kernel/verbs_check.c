@@ -566,6 +566,16 @@ static void check_bridge(struct ibv_device *da, struct ibv_device *db) {
       goto out;
     }
   }
+  // A forked child does not inherit them (its pages would outlive the parent's record).
+  pid_t child = fork();
+  if (child == 0) {
+    unsigned char v;
+    _exit(mincore(rem[0], 4096, &v) == -1 && errno == ENOMEM ? 0 : 1);
+  }
+  int status = -1;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0)
+    fail(name, "a forked child has the mapping of a node across the bridge", 0);
   for (int i = 0; i < 2; i++) memcpy(rem[i] + 8 * i + 1, msg + 5, 100);
   __builtin_ia32_sfence();
   for (int i = 0; i < 2; i++)
