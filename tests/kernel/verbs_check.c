@@ -802,6 +802,33 @@ static const char *run_wr(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_send_
   return wc.status == IBV_WC_SUCCESS ? NULL : ibv_wc_status_str(wc.status);
 }
 
+// RESET -> INIT -> RTR -> RTS of an RC QP toward (dlid, dqpn): 0 or ibv_modify_qp's error.
+// retry: the transport and RNR retry counts (7: as long as it takes).
+static int rc_connect(struct ibv_qp *qp, uint16_t dlid, uint32_t dqpn, uint8_t retry) {
+  struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT,
+                             .port_num = 1,
+                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+  struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = IBV_MTU_4096,
+                            .dest_qp_num = dqpn,
+                            .max_dest_rd_atomic = 1,
+                            .min_rnr_timer = 12,
+                            .ah_attr = {.dlid = dlid, .port_num = 1}};
+  struct ibv_qp_attr rts = {.qp_state = IBV_QPS_RTS,
+                            .timeout = 14,
+                            .retry_cnt = retry,
+                            .rnr_retry = retry,
+                            .max_rd_atomic = 1};
+  return ibv_modify_qp(qp, &init,
+                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ||
+         ibv_modify_qp(qp, &rtr,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) ||
+         ibv_modify_qp(qp, &rts,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
 // The data path through the provider's engine over the kernel fabric: an RC queue pair
 // connected to itself (the node is its own peer) writes into and reads from its region.
 static void check_loopback(struct ibv_context *ctx, const char *name, uint16_t lid) {
@@ -827,25 +854,7 @@ static void check_loopback(struct ibv_context *ctx, const char *name, uint16_t l
     fail(name, "a PD, a CQ, a region and an RC QP", errno);
     goto out;
   }
-  struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT,
-                             .port_num = 1,
-                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
-  struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR,
-                            .path_mtu = IBV_MTU_4096,
-                            .dest_qp_num = qp->qp_num,
-                            .max_dest_rd_atomic = 1,
-                            .min_rnr_timer = 12,
-                            .ah_attr = {.dlid = lid, .port_num = 1}};
-  struct ibv_qp_attr rts = {
-      .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1};
-  if (ibv_modify_qp(qp, &init,
-                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ||
-      ibv_modify_qp(qp, &rtr,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) ||
-      ibv_modify_qp(qp, &rts,
-                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
+  if (rc_connect(qp, lid, qp->qp_num, 7)) {
     fail(name, "connecting the QP to itself", errno);
     goto out;
   }
@@ -910,23 +919,7 @@ static void check_other_layout(struct ibv_context *ctx, struct ibv_device *d, co
     fail(name, "capturing stderr", errno);
     goto out;
   }
-  struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT, .port_num = 1};
-  struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR,
-                            .path_mtu = IBV_MTU_4096,
-                            .dest_qp_num = 1,
-                            .max_dest_rd_atomic = 1,
-                            .min_rnr_timer = 12,
-                            .ah_attr = {.dlid = lid_of(other), .port_num = 1}};
-  struct ibv_qp_attr rts = {
-      .qp_state = IBV_QPS_RTS, .timeout = 8, .retry_cnt = 1, .rnr_retry = 1, .max_rd_atomic = 1};
-  if (ibv_modify_qp(qp, &init,
-                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ||
-      ibv_modify_qp(qp, &rtr,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) ||
-      ibv_modify_qp(qp, &rts,
-                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
+  if (rc_connect(qp, lid_of(other), 1, 1)) {
     fail(name, "connecting a QP to the raw context", errno);
     goto out;
   }
