@@ -21,9 +21,9 @@ class EngineOnFake : public ::testing::Test {
   static void SetUpTestSuite() { fake::install(); }
 
   // Two ends, each on a node of its own, connected to each other.
-  void connect_pair(size_t size = 1 << 20) {
-    a = std::make_unique<EngineEnd>("engine_a", size);
-    b = std::make_unique<EngineEnd>("engine_b", size);
+  void connect_pair(size_t size = 1 << 20, uint32_t depth = 64) {
+    a = std::make_unique<EngineEnd>("engine_a", size, depth);
+    b = std::make_unique<EngineEnd>("engine_b", size, depth);
     ASSERT_EQ(0, a->connect(b->lid(), b->qpn()));
     ASSERT_EQ(0, b->connect(a->lid(), a->qpn()));
   }
@@ -191,10 +191,7 @@ TEST_F(EngineOnFake, LaneFullAndGoBacksDelaySendsToALiveTargetButFailNone) {
 // window of large SENDs that takes longer to serve than the answer timeout fails none and
 // is sent once.
 TEST_F(EngineOnFake, SlowPullsDelayAnswersButFailNoSend) {
-  a = std::make_unique<EngineEnd>("engine_slow_a", 1 << 20, 256);
-  b = std::make_unique<EngineEnd>("engine_slow_b", 1 << 20, 256);
-  ASSERT_EQ(0, a->connect(b->lid(), b->qpn()));
-  ASSERT_EQ(0, b->connect(a->lid(), a->qpn()));
+  connect_pair(1 << 20, 256);
   constexpr uint32_t kCount = 128, kLen = 4096;  // pulled: over kRecordInline
   for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(0, b->post_recv(i, i * kLen, kLen));
   fake::slow_reads(b->lid(), 20000);  // 2.6 s for them all

@@ -219,7 +219,8 @@ int destroy_cq(Cq *cq) {
 int poll_cq(Cq *cq, int n, ibv_wc *wc) {
   if (n < 0) return -EINVAL;
   int i = 0;
-  {
+  uint64_t pos;
+  if (mpsc_peek(&cq->sh->ring, &pos)) {  // an empty poll (a spinning waiter) skips this
     // An application behind on its completions takes them first: serving more requests
     // now would only take more of its receives (RNR) before it can post them again.
     std::lock_guard<SpinLock> g(cq->poll_mu);

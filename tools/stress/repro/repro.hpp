@@ -73,6 +73,17 @@ inline ibv_srq *create_srq(ibv_pd *pd, uint32_t max_wr) {
   return srq;
 }
 
+// An RC QP with its own receive queue (one WR of one SGE) and send_wr send WRs.
+inline ibv_qp *create_rc_qp(ibv_pd *pd, ibv_cq *cq, uint32_t send_wr, uint32_t max_inline = 0) {
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap = {send_wr, 1, 1, 1, max_inline};
+  ibv_qp *qp = ibv_create_qp(pd, &qa);
+  CHECK(qp);
+  return qp;
+}
+
 // An RC QP that receives from srq and sends at most one WR.
 inline ibv_qp *create_srq_qp(ibv_pd *pd, ibv_cq *cq, ibv_srq *srq) {
   ibv_qp_init_attr ra{};

@@ -42,12 +42,7 @@ int main(int argc, char **argv) {
   for (int round = 1; round <= rounds; ++round) {
     memset(rbuf, 0, size);
     ibv_cq *cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
-    ibv_qp_init_attr ra{};
-    ra.send_cq = ra.recv_cq = cq;
-    ra.qp_type = IBV_QPT_RC;
-    ra.cap = {1, 1, 1, 1, 0};
-    ibv_qp *qp = ibv_create_qp(pd, &ra);
-    CHECK(qp);
+    ibv_qp *qp = create_rc_qp(pd, cq, 1);
     int to_child[2], to_parent[2];
     CHECK(!pipe(to_child) && !pipe(to_parent));
     pid_t pid = fork();
@@ -61,12 +56,7 @@ int main(int argc, char **argv) {
       ibv_mr *smr = ibv_reg_mr(p, sbuf, size, IBV_ACCESS_LOCAL_WRITE);
       CHECK(smr);
       ibv_cq *scq = ibv_create_cq(c, 16, nullptr, nullptr, 0);
-      ibv_qp_init_attr qa{};
-      qa.send_cq = qa.recv_cq = scq;
-      qa.qp_type = IBV_QPT_RC;
-      qa.cap = {4, 1, 1, 1, 0};
-      ibv_qp *s = ibv_create_qp(p, &qa);
-      CHECK(s);
+      ibv_qp *s = create_rc_qp(p, scq, 4);
       Ep me{pa.lid, s->qp_num}, peer;
       CHECK(write(to_parent[1], &me, sizeof me) == sizeof me);
       CHECK(read(to_child[0], &peer, sizeof peer) == sizeof peer);

@@ -48,11 +48,7 @@ int main() {
       ibv_port_attr pa;
       ibv_query_port(c, 1, &pa);
       ibv_cq *scq = ibv_create_cq(c, 64, nullptr, nullptr, 0);
-      ibv_qp_init_attr qa{};
-      qa.send_cq = qa.recv_cq = scq;
-      qa.qp_type = IBV_QPT_RC;
-      qa.cap = {16, 1, 1, 1, 16};
-      ibv_qp *s = ibv_create_qp(p, &qa);
+      ibv_qp *s = create_rc_qp(p, scq, 16, 16);
       Ep me{pa.lid, s->qp_num}, peer;
       write(to_parent[1], &me, sizeof me);
       read(to_child[0], &peer, sizeof peer);
@@ -111,11 +107,7 @@ int main() {
     // Probe: a fresh loopback sender consumes and we repost kMaxWr+1 times.
     ibv_cq *cq2 = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
     ibv_qp *rq = create_srq_qp(pd, cq2, srq);
-    ibv_qp_init_attr s2{};
-    s2.send_cq = s2.recv_cq = cq2;
-    s2.qp_type = IBV_QPT_RC;
-    s2.cap = {4, 1, 1, 1, 16};
-    ibv_qp *sq = ibv_create_qp(pd, &s2);
+    ibv_qp *sq = create_rc_qp(pd, cq2, 4, 16);
     connect(rq, Ep{port.lid, sq->qp_num});
     connect(sq, Ep{port.lid, rq->qp_num});
     for (int i = 0; i < 2 * kMaxWr + 2; ++i) {

@@ -20,12 +20,7 @@ int main() {
   for (int i = 0; i < 2; ++i) {
     rcq[i] = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
     r[i] = create_srq_qp(pd, rcq[i], srq);
-    ibv_qp_init_attr qa{};
-    qa.send_cq = qa.recv_cq = scq;
-    qa.qp_type = IBV_QPT_RC;
-    qa.cap = {4, 1, 1, 1, 0};
-    s[i] = ibv_create_qp(pd, &qa);
-    CHECK(s[i]);
+    s[i] = create_rc_qp(pd, scq, 4);
     connect(r[i], port.lid, s[i]->qp_num);
     connect(s[i], port.lid, r[i]->qp_num);
   }
