@@ -18,7 +18,9 @@
  *   the areas the peer no longer reaches.
  * - A process posts to a remote node with stores into a write-combined mapping of its area
  *   through the window (pcientb_node.c, PCIENTB_MMAP_REMOTE), or by PCIENTB_METHOD_POST;
- *   rings are system calls (RING). Those write through the window with the bridge's
+ *   rings are system calls (RING), which a process leaves out while the node's doorbell
+ *   mask says it polls (the node's module writes the mask into the peer host's memory:
+ *   PCIENTB_METHOD_MASK). Those write through the window with the bridge's
  *   semaphore held for reading. The work item holds it for writing while it removes a
  *   remote node, and empties the node's mappings then, so no write reaches that node after
  *   its removal.
@@ -52,7 +54,7 @@ enum {
 	SPAD_INBOX_HI = 4,
 	SPAD_BRIDGE = 5, /* BRIDGE_MAGIC while the inbox address stands */
 };
-#define BRIDGE_MAGIC 0x42524732 /* "BRG2": the inbox as below */
+#define BRIDGE_MAGIC 0x42524733 /* "BRG3": the inbox as below */
 #define LIDS PCIENTB_LIDS_PER_PORT
 #define POST_PIECE 256
 #define MOVERS 32 /* moves of this host's nodes into the peer's regions at once */
@@ -74,6 +76,7 @@ struct inbox {
 	struct inbox_node nodes[LIDS]; /* by the peer's LID: its nodes */
 	__le64 regions; /* where the peer's region table is in our window onto it */
 	__le64 movers[MOVERS]; /* the peer's moves into our regions: MOVING | key, or 0 */
+	__le64 masks; /* where the peer's doorbell masks are in our window onto it */
 };
 
 /*
@@ -260,6 +263,7 @@ static void connect(struct pcientb_bridge *b)
 	b->trans_size = round_down(size_max, max(size_align, (resource_size_t)PAGE_SIZE));
 	if (b->in_dma + sizeof(*b->in) > b->trans_size ||
 	    virt_to_phys(b->regions) + PCIENTB_MAX_MR * sizeof(*b->regions) > b->trans_size ||
+	    page_to_phys(b->dev->masks_page) + PAGE_SIZE > b->trans_size ||
 	    ntb_mw_set_trans(b->ntb, 0, b->widx, 0, b->trans_size)) {
 		dev_warn_once(&b->ntb->dev,
 			      "the bridge's window cannot cover this host's memory\n");
@@ -293,6 +297,8 @@ static void connect(struct pcientb_bridge *b)
 	b->ever = true;
 	/* Where our regions are; none of ours moves (a move in flight held the link up). */
 	writeq(virt_to_phys(b->regions), &b->peer_in->regions);
+	/* Where the peer writes its nodes' masks (its nodes are not known yet: theirs are 0). */
+	writeq(page_to_phys(b->dev->masks_page), &b->peer_in->masks);
 	for (idx = 0; idx < MOVERS; idx++)
 		writeq(0, &b->peer_in->movers[idx]);
 	/* The peer's view of our nodes, anew: nothing known of its nodes, ours as they are. */
@@ -464,6 +470,35 @@ int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node)
 	}
 	up_read(&b->sem);
 	return rc;
+}
+
+/*
+ * Our node `lid`'s doorbell mask, as the peer's nodes read it (in the peer's memory). Its
+ * end is flushed (a read through the window) before this returns: a node of the peer that
+ * posted, then read the mask still set, posted before the flush, and its posts land in our
+ * memory before the read's answer (PCIe ordering: a completion never passes a posted
+ * write), so the caller's next look at its lanes finds them.
+ */
+void pcientb_bridge_mask(struct pcientb_ib *dev, u32 lid, u32 quiet)
+{
+	struct pcientb_bridge *b = dev->bridge;
+	void __iomem *word;
+	u64 at;
+
+	if (!b)
+		return;
+	down_read(&b->sem);
+	at = le64_to_cpu(READ_ONCE(b->in->masks));
+	if (b->connected && at && at <= b->out_size &&
+	    b->out_size - at >= PCIENTB_LIDS * sizeof(*dev->masks)) {
+		word = b->out + at + lid * sizeof(*dev->masks);
+		iowrite32(quiet, word);
+		if (!quiet) {
+			wmb();
+			ioread32(word);
+		}
+	}
+	up_read(&b->sem);
 }
 
 /* Writes `len` bytes from user memory at `addr` to [off, off + len) of a remote node's area. */

@@ -74,6 +74,8 @@ struct pcientb_ib {
 	struct ida lids; /* of its contexts */
 	struct xarray nodes; /* LID -> struct pcientb_node, while the context lives */
 	void *table; /* PCIENTB_LIDS struct pcientb_node_entry, mapped read-only */
+	struct page *masks_page; /* PCIENTB_MMAP_MASKS, mapped read-only */
+	u32 *masks; /* its words, by LID: ours written here, the peer's by the peer host */
 	struct xarray mrs; /* key index -> struct pcientb_mr */
 	u32 next_mr; /* xa_alloc_cyclic's cursor */
 	u8 *mr_gens; /* per index: the key byte of its last registration */
@@ -115,6 +117,7 @@ int pcientb_bridge_init(struct pcientb_ib *dev);
 void pcientb_bridge_destroy(struct pcientb_ib *dev);
 void pcientb_bridge_publish(struct pcientb_ib *dev, struct pcientb_node *node, bool alive);
 int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node);
+void pcientb_bridge_mask(struct pcientb_ib *dev, u32 lid, u32 quiet);
 void pcientb_bridge_export(struct pcientb_ib *dev, u32 index, u32 key, u32 lid, int access,
 			   u64 iova, u64 length, u64 first, const u64 *pages);
 void pcientb_bridge_unexport(struct pcientb_ib *dev, u32 index, u32 key);

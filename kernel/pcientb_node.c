@@ -304,7 +304,8 @@ static int node_enter(struct pcientb_ib *dev, struct pcientb_node *node)
 
 	if (rc)
 		return rc;
-	/* The nonce, then the life that makes the entry valid. */
+	/* The nonce, then the life that makes the entry valid; no earlier node's mask. */
+	WRITE_ONCE(dev->masks[node->lid], 0);
 	WRITE_ONCE(e->chunks, node->area ? node->area->chunks : node->chunks);
 	WRITE_ONCE(e->layout, node->layout);
 	WRITE_ONCE(e->nonce, node->nonce);
@@ -319,6 +320,7 @@ static void node_leave(struct pcientb_ib *dev, struct pcientb_node *node)
 	struct eventfd_ctx *db;
 
 	WRITE_ONCE(table_entry(dev, node->lid)->life, 0);
+	WRITE_ONCE(dev->masks[node->lid], 0);
 	xa_cmpxchg(&dev->nodes, node->lid, node, NULL, GFP_KERNEL);
 	WRITE_ONCE(node->dead, true);
 	wake_up_all(&node->watchers);
@@ -414,6 +416,13 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 		vma->vm_flags &= ~VM_MAYWRITE;
 		return remap_vmalloc_range(vma, dev->table, 0);
 	}
+	if (off == PCIENTB_MMAP_MASKS) {
+		if ((vma->vm_flags & VM_WRITE) || vma->vm_end - vma->vm_start != PAGE_SIZE)
+			return -EPERM;
+		vma->vm_flags &= ~VM_MAYWRITE;
+		/* The mapping holds the page: it may outlive the device. */
+		return vm_insert_page(vma, vma->vm_start, dev->masks_page);
+	}
 	if (off == PCIENTB_MMAP_AREA) {
 		node = uc->node;
 		if (!node)
@@ -467,6 +476,30 @@ static int UVERBS_HANDLER(PCIENTB_METHOD_RING)(struct uverbs_attr_bundle *attrs)
 		rc = pcientb_bridge_ring(to_dev(ibuc->device), node);
 	pcientb_node_put(node);
 	return rc;
+}
+
+static int UVERBS_HANDLER(PCIENTB_METHOD_MASK)(struct uverbs_attr_bundle *attrs)
+{
+	struct ib_ucontext *ibuc = ib_uverbs_get_ucontext(attrs);
+	struct pcientb_node *node;
+	struct pcientb_mask cmd;
+	struct pcientb_ib *dev;
+	int rc;
+
+	if (IS_ERR(ibuc))
+		return PTR_ERR(ibuc);
+	rc = uverbs_copy_from(&cmd, attrs, PCIENTB_ATTR_MASK_CMD);
+	if (rc)
+		return rc;
+	node = container_of(ibuc, struct pcientb_ucontext, ibuc)->node;
+	if (cmd.reserved || !node)
+		return -EINVAL;
+	dev = to_dev(ibuc->device);
+	WRITE_ONCE(dev->masks[node->lid], cmd.quiet ? 1 : 0);
+	pcientb_bridge_mask(dev, node->lid, cmd.quiet ? 1 : 0);
+	/* A mask's end is seen by every ringer before the caller looks at its lanes. */
+	smp_mb();
+	return 0;
 }
 
 static int UVERBS_HANDLER(PCIENTB_METHOD_DOORBELL)(struct uverbs_attr_bundle *attrs)
@@ -586,6 +619,10 @@ DECLARE_UVERBS_NAMED_METHOD(PCIENTB_METHOD_DOORBELL,
 			    UVERBS_ATTR_PTR_IN(PCIENTB_ATTR_DOORBELL_CMD,
 					       UVERBS_ATTR_TYPE(struct pcientb_doorbell),
 					       UA_MANDATORY));
+DECLARE_UVERBS_NAMED_METHOD(PCIENTB_METHOD_MASK,
+			    UVERBS_ATTR_PTR_IN(PCIENTB_ATTR_MASK_CMD,
+					       UVERBS_ATTR_TYPE(struct pcientb_mask),
+					       UA_MANDATORY));
 DECLARE_UVERBS_NAMED_METHOD(PCIENTB_METHOD_WATCH,
 			    UVERBS_ATTR_PTR_IN(PCIENTB_ATTR_WATCH_CMD,
 					       UVERBS_ATTR_TYPE(struct pcientb_watch),
@@ -595,7 +632,8 @@ DECLARE_UVERBS_NAMED_METHOD(PCIENTB_METHOD_WATCH,
 						UA_MANDATORY));
 
 ADD_UVERBS_METHODS(pcientb_node_methods, UVERBS_OBJECT_DEVICE, &UVERBS_METHOD(PCIENTB_METHOD_RING),
-		   &UVERBS_METHOD(PCIENTB_METHOD_DOORBELL), &UVERBS_METHOD(PCIENTB_METHOD_WATCH));
+		   &UVERBS_METHOD(PCIENTB_METHOD_DOORBELL), &UVERBS_METHOD(PCIENTB_METHOD_WATCH),
+		   &UVERBS_METHOD(PCIENTB_METHOD_MASK));
 
 const struct uapi_definition pcientb_node_defs[] = {
 	UAPI_DEF_CHAIN_OBJ_TREE(UVERBS_OBJECT_DEVICE, &pcientb_node_methods),
@@ -618,8 +656,17 @@ void pcientb_areas_exit(void)
 int pcientb_nodes_init(struct pcientb_ib *dev)
 {
 	xa_init(&dev->nodes);
+	static_assert(PCIENTB_LIDS * sizeof(*dev->masks) <= PAGE_SIZE);
 	dev->table = vmalloc_user(PCIENTB_LIDS * sizeof(struct pcientb_node_entry));
-	return dev->table ? 0 : -ENOMEM;
+	dev->masks_page = alloc_page(GFP_KERNEL | __GFP_ZERO);
+	if (!dev->table || !dev->masks_page) {
+		vfree(dev->table);
+		if (dev->masks_page)
+			__free_page(dev->masks_page);
+		return -ENOMEM;
+	}
+	dev->masks = page_address(dev->masks_page);
+	return 0;
 }
 
 /* After unregistering: every context is gone. */
@@ -628,4 +675,5 @@ void pcientb_nodes_destroy(struct pcientb_ib *dev)
 	WARN_ON(!xa_empty(&dev->nodes));
 	xa_destroy(&dev->nodes);
 	vfree(dev->table);
+	put_page(dev->masks_page); /* the mappings left hold it */
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/test.sh: build and run every test, in the default and the ASan builds, and the
+# scripts/test.sh: build and run every test, in the default and the ASan builds (ASan without
+# the benchmarks, lint, packaging and the longest integration runs: CMakePresets.json), and the
 # verbs and verbs-tool tests again in strict mode (PCIENTB_NTB_STRICT=1, the default build),
 # then the libFuzzer target (clang, ASan + UBSan) for PCIENTB_FUZZ_SECONDS (60).
 #

@@ -15,7 +15,7 @@
  * binds by it, and every uverbs ioctl carries it.
  */
 #define PCIENTB_DRIVER_ID 0x504e
-#define PCIENTB_UVERBS_ABI_VERSION 5
+#define PCIENTB_UVERBS_ABI_VERSION 6
 #define PCIENTB_UCONTEXT_MAGIC 0x7063696e /* "pcin" */
 
 /*
@@ -64,6 +64,15 @@ struct pcientb_ucontext_resp {
  */
 #define PCIENTB_MMAP_AREA 0
 #define PCIENTB_MMAP_TABLE 1
+/*
+ * The doorbell masks (one page, read-only): a __u32 per LID (table_entries of them),
+ * non-zero while that node polls (PCIENTB_METHOD_MASK). A node of this host or across the
+ * bridge that reads it non-zero after its posts left may leave that node's doorbell alone:
+ * the node looks at what was posted when its mask ends. The module keeps each LID's word
+ * here; the host across the bridge writes those of its nodes through its window, so that a
+ * look is a load of this host's memory.
+ */
+#define PCIENTB_MMAP_MASKS 2
 #define PCIENTB_MMAP_PEER(lid) (0x10000 + (lid))
 
 /*
@@ -123,6 +132,14 @@ enum pcientb_methods {
 	 * down), EFAULT: out of its area, or the caller's memory.
 	 */
 	PCIENTB_METHOD_POST,
+	/*
+	 * The caller's doorbell mask (its word in PCIENTB_MMAP_MASKS, on both hosts): `quiet`
+	 * non-zero while a thread of the node polls its lanes. Set to 0, the call returns once
+	 * every peer's look sees 0 (across the bridge: written, then flushed by a read), so
+	 * that the caller's next look at its lanes finds whatever a peer posted without ringing.
+	 * EINVAL: the context is not a node.
+	 */
+	PCIENTB_METHOD_MASK,
 };
 
 enum pcientb_move_attrs {
@@ -146,6 +163,10 @@ enum pcientb_post_attrs {
 	PCIENTB_ATTR_POST_CMD = 1U << 12, /* struct pcientb_post, in */
 };
 
+enum pcientb_mask_attrs {
+	PCIENTB_ATTR_MASK_CMD = 1U << 12, /* struct pcientb_mask, in */
+};
+
 enum pcientb_watch_attrs {
 	PCIENTB_ATTR_WATCH_CMD = 1U << 12, /* struct pcientb_watch, in */
 	PCIENTB_ATTR_WATCH_RESP, /* struct pcientb_watch_resp, out */
@@ -159,6 +180,11 @@ struct pcientb_ring {
 
 struct pcientb_doorbell {
 	__s32 fd;
+	__u32 reserved;
+};
+
+struct pcientb_mask {
+	__u32 quiet;
 	__u32 reserved;
 };
 

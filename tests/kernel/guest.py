@@ -20,7 +20,9 @@ from ivshmem_server import IvshmemServer
 
 SKIP = 77
 MARK = "pcientb-guest:"
-GUEST_RAM_MB = 256
+# Each node's area is 16 MiB of 4 MiB blocks (pcientb.ko's chunks): with 256 MiB, a guest
+# whose memory was fragmented by a few programs could not give four nodes at once.
+GUEST_RAM_MB = 512
 IVSHMEM_VECTORS = 4
 # Loaded in this order before the test's /init body: pcientb.ko needs ib_core, and
 # ib_uverbs gives its devices to programs (/dev/infiniband/uverbsN).

@@ -13,7 +13,8 @@ the peer's memory), then, in a chroot of the host's root with the provider PROVI
 VERBS_CHECK (verbs_check.c) over both verbs devices (each opened by the provider, queried,
 the provider's engine on the kernel fabric: an RC QP's RDMA WRITE and READ to itself;
 pcientb.ko's own objects: LIDs, memory regions pinned and unpinned, moves, the nodes' areas,
-table, doorbells and watchers) and `ibv_devinfo -v`, then `ibv_rc_pingpong`, `ib_write_bw`
+table, doorbells, doorbell masks on both hosts and watchers; a node whose mask ran out is
+rung again) and `ibv_devinfo -v`, then `ibv_rc_pingpong`, `ib_write_bw`
 and `ib_read_bw` between two processes on pcientb0 (setup over loopback TCP). It takes port 1's device from the driver and gives it back (port 0's
 link goes down, then up, with an event each time, and its selftest passes again), stops
 and restarts port 1's heartbeat (a peer that died without a word: down, then up); a
@@ -193,6 +194,11 @@ def check(lines):
             if re.match(r"(WRITE|READ|SEND)\s+\d+ \w+(\s+[\d.]+){8}$", v)]
     if len(rows) != 9:
         problems.append(f"pcientb-perf --work across the bridge: {len(rows)} of 9 rows")
+    # Its target polls: its doorbell is masked, a SEND rings it rarely (1.00 unmasked).
+    rung = [float(v.split()[5]) for v in rows if v.startswith("SEND")]
+    if len(rung) != 3 or max(rung) >= 0.5:
+        problems.append(f"pcientb-perf --work across the bridge: a SEND rang {rung} doorbells "
+                        "of a polling target (expected under 0.5)")
     calls = [v.split()[2:] for v in verbs if v.startswith("bridge calls ")]
     if len(calls) != 1 or len(calls[0]) != 6:
         problems.append(f"the bridge's system calls were not read: {calls}")

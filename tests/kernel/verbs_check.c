@@ -111,7 +111,9 @@ static int kcmd(int fd, uint32_t command, const void *cmd, size_t len, size_t re
 // The engine layout this program's raw contexts give (the table publishes it).
 #define KCHECK_LAYOUT 0x6b636b31u
 
-static struct kctx *kopen(struct ibv_device *d) {
+// A raw context of `d`: a node of its own (flags 0), or none (PCIENTB_UCONTEXT_NO_NODE: no
+// area, LID or doorbell; what is read-only mapped, such as the node table, it maps too).
+static struct kctx *kopen_flags(struct ibv_device *d, uint32_t flags) {
   struct kctx *k = calloc(1, sizeof *k);
   char path[128];
   struct {
@@ -121,7 +123,7 @@ static struct kctx *kopen(struct ibv_device *d) {
   struct {  // the command, then its driver data
     struct ib_uverbs_get_context core;
     struct pcientb_ucontext_req req;
-  } gc = {.core = {.response = (uintptr_t)&r}, .req = {.layout = KCHECK_LAYOUT}};
+  } gc = {.core = {.response = (uintptr_t)&r}, .req = {.flags = flags, .layout = KCHECK_LAYOUT}};
   struct ib_uverbs_alloc_pd_resp pr;
   struct ib_uverbs_alloc_pd ap = {.response = (uintptr_t)&pr};
   int err;
@@ -148,6 +150,10 @@ static struct kctx *kopen(struct ibv_device *d) {
     return NULL;
   }
   return k;
+}
+
+static struct kctx *kopen(struct ibv_device *d) {
+  return kopen_flags(d, 0);
 }
 
 static void kclose(struct kctx *k) {
@@ -958,6 +964,184 @@ out:
   if (other) kclose(other);
 }
 
+static int set_mask(struct kctx *ctx, uint32_t quiet) {
+  struct pcientb_mask cmd = {.quiet = quiet};
+  return method(ctx, PCIENTB_METHOD_MASK, &cmd, sizeof cmd, NULL, 0);
+}
+
+// Whether the word of `lid` in the masks page `m` reads `want` within `seconds`.
+static int mask_says(const uint32_t *m, uint32_t lid, uint32_t want, double seconds) {
+  const double end = now() + seconds;
+  while (__atomic_load_n(&m[lid], __ATOMIC_ACQUIRE) != want)
+    if (now() > end) return 0;
+  return 1;
+}
+
+// Doorbell masks (PCIENTB_MMAP_MASKS, read-only): node A's MASK shows in the masks page of
+// its own host (C's view) and of the host across (B's); when MASK(0) returns, both read 0
+// at once (across: written and flushed); a node that goes leaves no mask behind.
+static void check_masks(struct ibv_device *da, struct ibv_device *db) {
+  const char *name = ibv_get_device_name(da);
+  // The viewers are not nodes: a guest's memory holds few areas (contiguous chunks).
+  struct kctx *a = kopen(da), *b = kopen_flags(db, PCIENTB_UCONTEXT_NO_NODE),
+              *c = kopen_flags(da, PCIENTB_UCONTEXT_NO_NODE);
+  const uint32_t *here = MAP_FAILED, *there = MAP_FAILED;
+
+  if (!a || !b || !c) {
+    fail(name, "two contexts on a port and one on its peer", errno);
+    goto out;
+  }
+  const uint16_t la = lid_of(a);
+  here = map(c, 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_MASKS);
+  there = map(b, 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_MASKS);
+  if (here == MAP_FAILED || there == MAP_FAILED) {
+    fail(name, "mapping the masks on both hosts", errno);
+    goto out;
+  }
+  check_map_refused(name, "the masks writable",
+                    map(c, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_MASKS), EPERM);
+  check_map_refused(name, "the masks and a page past them",
+                    map(c, 8192, PROT_READ, MAP_SHARED, PCIENTB_MMAP_MASKS), EPERM);
+  if (here[la] || there[la]) fail(name, "a new node's mask is set", 0);
+  for (int round = 0; round < 3; round++) {
+    if (set_mask(a, 1) || !mask_says(here, la, 1, 5) || !mask_says(there, la, 1, 5)) {
+      fail(name, "a node's mask did not show on both hosts within 5 s", errno);
+      goto out;
+    }
+    if (set_mask(a, 0) || here[la] || there[la]) {
+      printf("FAIL %s: a mask's end is not seen when MASK returns (this host %u, across %u)\n",
+             name, here[la], there[la]);
+      failures++;
+      goto out;
+    }
+  }
+  struct pcientb_mask bad = {.quiet = 1, .reserved = 1};
+  if (method(a, PCIENTB_METHOD_MASK, &bad, sizeof bad, NULL, 0) != EINVAL)
+    fail(name, "MASK with its reserved word set did not fail (EINVAL)", 0);
+  if (set_mask(c, 1) != EINVAL) fail(name, "MASK on a context that is no node did not fail", 0);
+  // Gone while masked: nobody may leave its LID's next node unrung.
+  if (set_mask(a, 1) || !mask_says(there, la, 1, 5)) fail(name, "masking again", errno);
+  kclose(a);
+  a = NULL;
+  if (here[la] || !mask_says(there, la, 0, 5))
+    fail(name, "a node that went masked left its mask set", 0);
+out:
+  if (here != MAP_FAILED) munmap((void *)here, 4096);
+  if (there != MAP_FAILED) munmap((void *)there, 4096);
+  if (a) kclose(a);
+  if (b) kclose(b);
+  if (c) kclose(c);
+}
+
+// The provider's masks, across the bridge in one process: node 1 polls (its doorbell masked,
+// seen in the masks page), then stops without arming a CQ; its progress thread ends the mask
+// when it runs out, so a SEND from node 0 after that rings it and is served. A mask left
+// standing would leave the SEND unserved (no completion, or retries exceeded).
+static void check_mask_ends(struct ibv_device *da, struct ibv_device *db) {
+  const char *name = ibv_get_device_name(db);
+  struct ibv_context *ctx[2] = {ibv_open_device(da), ibv_open_device(db)};
+  struct ibv_pd *pd[2] = {0};
+  struct ibv_cq *cq[2] = {0};
+  struct ibv_mr *mr[2] = {0};
+  struct ibv_qp *qp[2] = {0};
+  struct ibv_port_attr port[2];
+  static char buf[2][4096];
+  char what[80];
+  struct kctx *view = kopen_flags(da, PCIENTB_UCONTEXT_NO_NODE);
+  struct kctx *view1 = kopen_flags(db, PCIENTB_UCONTEXT_NO_NODE);
+  const uint32_t *own =  // the masks of db's own host
+      view1 ? map(view1, 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_MASKS) : MAP_FAILED;
+  const uint32_t *masks =
+      view ? map(view, 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_MASKS) : MAP_FAILED;
+  int i;
+
+  for (i = 0; i < 2; i++) {
+    if (!ctx[i]) break;
+    pd[i] = ibv_alloc_pd(ctx[i]);
+    cq[i] = ibv_create_cq(ctx[i], 16, NULL, NULL, 0);
+    mr[i] = pd[i] ? ibv_reg_mr(pd[i], buf[i], sizeof buf[i], IBV_ACCESS_LOCAL_WRITE) : NULL;
+    struct ibv_qp_init_attr ia = {
+        .send_cq = cq[i],
+        .recv_cq = cq[i],
+        .qp_type = IBV_QPT_RC,
+        .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+    qp[i] = mr[i] && cq[i] ? ibv_create_qp(pd[i], &ia) : NULL;
+    if (!qp[i] || ibv_query_port(ctx[i], 1, &port[i])) break;
+  }
+  if (i < 2 || masks == MAP_FAILED || own == MAP_FAILED) {
+    snprintf(what, sizeof what, "%s on port %d",
+             i < 2 ? "a context, PD, CQ, region and RC QP" : "the masks", i);
+    fail(name, what, errno);
+    goto out;
+  }
+  if (rc_connect(qp[0], port[1].lid, qp[1]->qp_num, 3) ||
+      rc_connect(qp[1], port[0].lid, qp[0]->qp_num, 3)) {
+    fail(name, "connecting the QPs across the bridge", errno);
+    goto out;
+  }
+  struct ibv_sge rsge = {.addr = (uintptr_t)buf[1], .length = 64, .lkey = mr[1]->lkey};
+  struct ibv_recv_wr rwr = {.sg_list = &rsge, .num_sge = 1}, *bad_r;
+  struct ibv_sge ssge = {.addr = (uintptr_t)buf[0], .length = 64, .lkey = mr[0]->lkey};
+  struct ibv_send_wr swr = {
+      .sg_list = &ssge, .num_sge = 1, .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+  struct ibv_wc wc;
+  for (int round = 0; round < 4; round++) {
+    if (ibv_post_recv(qp[1], &rwr, &bad_r)) {
+      fail(name, "posting a receive", errno);
+      goto out;
+    }
+    // Node 1 polls for 20 ms (the first round also links the nodes: no mask is looked for).
+    int masked = 0;
+    const double end = now() + 0.02;
+    while (now() < end) {
+      ibv_poll_cq(cq[1], 1, &wc);
+      masked |= __atomic_load_n(&masks[port[1].lid], __ATOMIC_ACQUIRE) != 0;
+    }
+    if (round > 0 && !masked) fail(name, "a node that polled 20 ms did not mask its doorbell", 0);
+    // It stops without arming: its mask runs out (1 ms), and the progress thread ends it.
+    usleep(50 * 1000);
+    if (masks[port[1].lid]) {
+      const double t = now();
+      int cleared = mask_says(masks, port[1].lid, 0, 3);
+      printf(
+          "FAIL %s: a node that stopped polling 50 ms ago is still masked (round %d, own host %u;"
+          " %s %.3f s later)\n",
+          name, round, own[port[1].lid], cleared ? "cleared" : "not cleared", now() - t);
+      failures++;
+    }
+    buf[0][0] = (char)round;
+    // Rung, it is served at once; unrung, only when its progress thread looks by itself
+    // (its membership check, every second).
+    const double sent = now();
+    const char *why = run_wr(qp[0], cq[0], &swr);
+    if (!why && now() - sent > 0.5) why = "over 0.5 s (was it rung?)";
+    if (why) {
+      printf("FAIL %s: a SEND across to a node whose mask ran out: %s\n", name, why);
+      failures++;
+      goto out;
+    }
+    const double wc_end = now() + 5;
+    int n;
+    while ((n = ibv_poll_cq(cq[1], 1, &wc)) == 0 && now() < wc_end) usleep(100);
+    if (n != 1 || wc.status || wc.opcode != IBV_WC_RECV || buf[1][0] != (char)round) {
+      fail(name, "the SEND's receive completion across", 0);
+      goto out;
+    }
+  }
+out:
+  for (i = 0; i < 2; i++) {
+    if (qp[i]) ibv_destroy_qp(qp[i]);
+    if (mr[i]) ibv_dereg_mr(mr[i]);
+    if (cq[i]) ibv_destroy_cq(cq[i]);
+    if (pd[i]) ibv_dealloc_pd(pd[i]);
+    if (ctx[i]) ibv_close_device(ctx[i]);
+  }
+  if (masks != MAP_FAILED) munmap((void *)masks, 4096);
+  if (own != MAP_FAILED) munmap((void *)own, 4096);
+  if (view) kclose(view);
+  if (view1) kclose(view1);
+}
+
 // A device as a program sees it through libibverbs: the provider's engine, on the
 // kernel fabric of the device (a process is one node); then what pcientb.ko itself does.
 static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
@@ -1054,6 +1238,9 @@ static int devices(int want) {
     check_bridge(d[1], d[0]);
     check_moves(d[0], d[1]);
     check_moves(d[1], d[0]);
+    check_masks(d[0], d[1]);
+    check_masks(d[1], d[0]);
+    check_mask_ends(d[0], d[1]);
     if (failures == before) printf("bridge ok\n");
   }
   ibv_free_device_list(list);

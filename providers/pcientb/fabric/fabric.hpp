@@ -124,12 +124,15 @@ class Fabric {
   // maskable (a link's setup is not: the peer serves it from its doorbell).
   virtual void doorbell(Peer &peer, bool maskable = true) = 0;
   // Threads of this node poll for what peers post (called now and then while
-  // they do): peers may leave the doorbell alone until quiet_until_ns()
-  // (CLOCK_MONOTONIC; 0 or past: they ring). The node's progress thread
-  // looks at its lanes by then itself.
+  // they do): peers may leave the doorbell alone (the node's mask) until
+  // quiet_until_ns() (CLOCK_MONOTONIC; 0: no mask). Once that is past, the
+  // node's progress thread ends the mask (not_polling) and looks at its lanes:
+  // on the kernel fabric a mask stands until it is ended (peers of the other
+  // host do not share this clock), on the emulated one peers read the clock.
   virtual void polling() = 0;
   virtual uint64_t quiet_until_ns() = 0;
-  // A thread of this node is going to sleep: peers ring from now on.
+  // A thread of this node is going to sleep, or the mask ran out: peers ring
+  // from now on (the node looks at its lanes after this returns).
   virtual void not_polling() = 0;
   // What this process has done through the fabric so far.
   virtual Work work() const = 0;

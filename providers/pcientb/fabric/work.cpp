@@ -1,5 +1,6 @@
 #include "fabric/work.hpp"
 
+#include <ctime>
 #include <mutex>
 #include <vector>
 
@@ -28,6 +29,12 @@ Work work_done() {
     for (int k = 0; k < kWorkKinds; ++k) v[k] += s->v[k].load(std::memory_order_relaxed);
   return Work{v[kPosts],         v[kPostBytes], v[kDoorbells],    v[kDmaWrites],
               v[kDmaWriteBytes], v[kDmaReads],  v[kDmaReadBytes], v[kRemoteReads]};
+}
+
+uint64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
 
 }  // namespace pcientb::fabric

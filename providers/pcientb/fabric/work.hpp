@@ -45,6 +45,9 @@ inline void count(WorkKind k, uint64_t bytes = 0) {
 // The sum over every thread this process has had.
 Work work_done();
 
+// CLOCK_MONOTONIC in ns: the clock of the doorbell masks (quiet_until_ns).
+uint64_t mono_ns();
+
 // A posted write's stores into a peer's area, each a release (a plain store on
 // x86): a post lands after the posts before it, as the reader's acquire of a
 // seq or key sees (and as TSan can follow, which a fence before relaxed stores

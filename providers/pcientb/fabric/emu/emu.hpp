@@ -131,8 +131,6 @@ void fork_prepare();
 void fork_parent();
 void fork_child();
 // peers.cpp
-uint64_t mono_ns();
-
 class EmuFabric;
 
 // A range of this process's memory moved onto a chunk, owner side only.

@@ -51,12 +51,6 @@ void ordered_copy(void *dst, const void *src, size_t n) {
 
 }  // namespace
 
-uint64_t mono_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
-}
-
 // ---- peers ---------------------------------------------------------------
 
 EmuPeer::~EmuPeer() {

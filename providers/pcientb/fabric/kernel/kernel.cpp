@@ -5,8 +5,9 @@
 // watchers and one-sided moves are the module's driver methods; windows are
 // memory regions of the module (pinned, keyed: a window's id is its key).
 // A node of the host across the bridge is mapped too, chunk by chunk, write-combined
-// through the NT window. Peers are not masked from ringing yet: every doorbell is a
-// system call.
+// through the NT window. A node that polls masks its doorbell (a system call when the mask
+// comes and when it ends, the module's MASK); its peers read the masks in a page of their
+// own host (PCIENTB_MMAP_MASKS) and ring (a system call) only a node whose mask is off.
 #include <dirent.h>
 #include <endian.h>
 #include <fcntl.h>
@@ -33,6 +34,9 @@ namespace {
 
 constexpr size_t kPage = 4096;
 constexpr const char kPrefix[] = "kernel:";
+// How long a poll masks the doorbell (renewed by the polls after it); a mask that ran out
+// costs the progress thread a system call to end it.
+constexpr uint64_t kQuietNs = 1000000;
 
 class KernelPeer final : public Peer {
  public:
@@ -112,15 +116,44 @@ class KernelFabric final : public Fabric {
     const int rc = method(fd_, PCIENTB_METHOD_POST, cmd);
     return rc == ENOENT ? 0 : rc;
   }
-  void doorbell(Peer &p, bool) override {
+  void doorbell(Peer &p, bool maskable) override {
+    if (maskable) {
+      // The posts before the look (across: out of the write-combining buffers too); pairs
+      // with the module's MASK, which ends the mask before the node looks at its lanes.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (masks_[p.lid()].load(std::memory_order_relaxed)) return;
+    }
     pcientb_ring cmd{};
     cmd.lid = p.lid();
     count(kDoorbells);
     method(fd_, PCIENTB_METHOD_RING, cmd);  // ENOENT: it is gone, and will be found so
   }
-  void polling() override {}
-  uint64_t quiet_until_ns() override { return 0; }
-  void not_polling() override {}
+  void polling() override {
+    const uint64_t now = mono_ns();
+    if (masked_.load(std::memory_order_acquire) &&
+        quiet_until_.load(std::memory_order_relaxed) >= now + kQuietNs / 2)
+      return;
+    std::lock_guard<std::mutex> g(mask_mu_);
+    if (!masked_.load(std::memory_order_relaxed)) {
+      if (mask(1)) return;  // not masked: peers ring
+      masked_.store(true, std::memory_order_release);
+    }
+    quiet_until_.store(now + kQuietNs, std::memory_order_relaxed);
+  }
+  uint64_t quiet_until_ns() override {
+    return masked_.load(std::memory_order_acquire) ? quiet_until_.load(std::memory_order_relaxed)
+                                                   : 0;
+  }
+  void not_polling() override {
+    if (!masked_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> g(mask_mu_);
+    if (!masked_.load(std::memory_order_relaxed)) return;
+    // Retried: while the mask stands, peers leave this node's doorbell alone.
+    while (mask(0) == EINTR) {
+    }
+    masked_.store(false, std::memory_order_release);
+    quiet_until_.store(0, std::memory_order_relaxed);
+  }
   Work work() const override { return work_done(); }
   int device_event_fd() override { return event_fd_; }
   int device_event() override {
@@ -137,6 +170,11 @@ class KernelFabric final : public Fabric {
 
  private:
   MoveStatus move(Peer &p, WindowId w, uint64_t raddr, void *local, size_t len, uint32_t dir);
+  int mask(uint32_t quiet) {
+    pcientb_mask cmd{};
+    cmd.quiet = quiet;
+    return method(fd_, PCIENTB_METHOD_MASK, cmd);
+  }
   uint8_t *map_remote(uint16_t lid, uint32_t chunks);
 
   std::string name_;
@@ -150,6 +188,11 @@ class KernelFabric final : public Fabric {
   uint8_t *area_ = nullptr;
   const pcientb_node_entry *table_ = nullptr;
   size_t table_bytes_ = 0;
+  const std::atomic<uint32_t> *masks_ = nullptr;  // PCIENTB_MMAP_MASKS, by LID
+  // This node's mask: set while its threads poll, until quiet_until_ (mono_ns) at least.
+  std::mutex mask_mu_;
+  std::atomic<bool> masked_{false};
+  std::atomic<uint64_t> quiet_until_{0};
 
   std::atomic<bool> warned_layout_{false};
   std::mutex peers_mu_;
@@ -227,6 +270,10 @@ int KernelFabric::open(const char *name, uint32_t layout) {
   void *t = mmap(nullptr, table_bytes_, PROT_READ, MAP_SHARED, fd_, PCIENTB_MMAP_TABLE * kPage);
   if (t == MAP_FAILED) return errno;
   table_ = static_cast<const pcientb_node_entry *>(t);
+  if (info_.table_entries * sizeof(uint32_t) > kPage) return EPROTO;
+  void *m = mmap(nullptr, kPage, PROT_READ, MAP_SHARED, fd_, PCIENTB_MMAP_MASKS * kPage);
+  if (m == MAP_FAILED) return errno;
+  masks_ = static_cast<const std::atomic<uint32_t> *>(m);
   peers_.resize(info_.table_entries);
   bell_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (bell_fd_ < 0) return errno;
@@ -239,6 +286,7 @@ KernelFabric::~KernelFabric() {
   peers_.clear();
   retired_.clear();
   if (table_) munmap(const_cast<pcientb_node_entry *>(table_), table_bytes_);
+  if (masks_) munmap(const_cast<std::atomic<uint32_t> *>(masks_), kPage);
   if (area_) munmap(area_, info_.area_size);
   if (bell_fd_ >= 0) close(bell_fd_);
   if (event_fd_ >= 0) close(event_fd_);
