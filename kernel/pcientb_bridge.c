@@ -477,7 +477,9 @@ int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node)
  * end is flushed (a read through the window) before this returns: a node of the peer that
  * posted, then read the mask still set, posted before the flush, and its posts land in our
  * memory before the read's answer (PCIe ordering: a completion never passes a posted
- * write), so the caller's next look at its lanes finds them.
+ * write), so the caller's next look at its lanes finds them. The word of a node that the
+ * peer never added (it went before the peer's work item looked) may stay set there: no
+ * ringer reads a dead LID's word, and the peer zeroes it when it adds the LID's next node.
  */
 void pcientb_bridge_mask(struct pcientb_ib *dev, u32 lid, u32 quiet)
 {
@@ -489,12 +491,12 @@ void pcientb_bridge_mask(struct pcientb_ib *dev, u32 lid, u32 quiet)
 		return;
 	down_read(&b->sem);
 	at = le64_to_cpu(READ_ONCE(b->in->masks));
-	if (b->connected && at && at <= b->out_size &&
+	if (b->connected && at && IS_ALIGNED(at, sizeof(*dev->masks)) && at <= b->out_size &&
 	    b->out_size - at >= PCIENTB_LIDS * sizeof(*dev->masks)) {
 		word = b->out + at + lid * sizeof(*dev->masks);
 		iowrite32(quiet, word);
 		if (!quiet) {
-			wmb();
+			mb(); /* out of the write-combining buffer before the read is issued */
 			ioread32(word);
 		}
 	}

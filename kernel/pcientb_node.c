@@ -420,6 +420,7 @@ int pcientb_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 		if ((vma->vm_flags & VM_WRITE) || vma->vm_end - vma->vm_start != PAGE_SIZE)
 			return -EPERM;
 		vma->vm_flags &= ~VM_MAYWRITE;
+		vma->vm_flags |= VM_DONTEXPAND;
 		/* The mapping holds the page: it may outlive the device. */
 		return vm_insert_page(vma, vma->vm_start, dev->masks_page);
 	}

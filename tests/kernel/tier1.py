@@ -196,9 +196,9 @@ def check(lines):
         problems.append(f"pcientb-perf --work across the bridge: {len(rows)} of 9 rows")
     # Its target polls: its doorbell is masked, a SEND rings it rarely (1.00 unmasked).
     rung = [float(v.split()[5]) for v in rows if v.startswith("SEND")]
-    if len(rung) != 3 or max(rung) >= 0.5:
+    if len(rung) != 3 or max(rung) >= 0.9:
         problems.append(f"pcientb-perf --work across the bridge: a SEND rang {rung} doorbells "
-                        "of a polling target (expected under 0.5)")
+                        "of a polling target (expected under 0.9; 1.00 unmasked)")
     calls = [v.split()[2:] for v in verbs if v.startswith("bridge calls ")]
     if len(calls) != 1 or len(calls[0]) != 6:
         problems.append(f"the bridge's system calls were not read: {calls}")

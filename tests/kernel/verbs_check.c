@@ -1002,6 +1002,17 @@ static void check_masks(struct ibv_device *da, struct ibv_device *db) {
                     map(c, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, PCIENTB_MMAP_MASKS), EPERM);
   check_map_refused(name, "the masks and a page past them",
                     map(c, 8192, PROT_READ, MAP_SHARED, PCIENTB_MMAP_MASKS), EPERM);
+  // Once the peer host knows A (else A's going would not reach the peer's word: a word
+  // of a LID the peer never knew may stay set, which no ringer reads, and the next node of
+  // that LID finds zeroed).
+  const struct pcientb_node_entry *table =
+      map(b, TABLE_BYTES, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+  const int known = table != MAP_FAILED && table_says(table, la, a->info.nonce, 1, 10);
+  if (table != MAP_FAILED) munmap((void *)table, TABLE_BYTES);
+  if (!known) {
+    fail(name, "the peer host does not know the node within 10 s", 0);
+    goto out;
+  }
   if (here[la] || there[la]) fail(name, "a new node's mask is set", 0);
   for (int round = 0; round < 3; round++) {
     if (set_mask(a, 1) || !mask_says(here, la, 1, 5) || !mask_says(there, la, 1, 5)) {
@@ -1023,8 +1034,9 @@ static void check_masks(struct ibv_device *da, struct ibv_device *db) {
   if (set_mask(a, 1) || !mask_says(there, la, 1, 5)) fail(name, "masking again", errno);
   kclose(a);
   a = NULL;
-  if (here[la] || !mask_says(there, la, 0, 5))
-    fail(name, "a node that went masked left its mask set", 0);
+  if (here[la]) fail(name, "a node that went masked left its mask set on its own host", 0);
+  if (!mask_says(there, la, 0, 10))
+    fail(name, "a node that went masked left its mask set across the bridge (10 s)", 0);
 out:
   if (here != MAP_FAILED) munmap((void *)here, 4096);
   if (there != MAP_FAILED) munmap((void *)there, 4096);
@@ -1100,13 +1112,11 @@ static void check_mask_ends(struct ibv_device *da, struct ibv_device *db) {
     if (round > 0 && !masked) fail(name, "a node that polled 20 ms did not mask its doorbell", 0);
     // It stops without arming: its mask runs out (1 ms), and the progress thread ends it.
     usleep(50 * 1000);
-    if (masks[port[1].lid]) {
-      const double t = now();
-      int cleared = mask_says(masks, port[1].lid, 0, 3);
+    if (!mask_says(masks, port[1].lid, 0, 2)) {
       printf(
-          "FAIL %s: a node that stopped polling 50 ms ago is still masked (round %d, own host %u;"
-          " %s %.3f s later)\n",
-          name, round, own[port[1].lid], cleared ? "cleared" : "not cleared", now() - t);
+          "FAIL %s: a node that stopped polling is still masked 2 s later (round %d, own host"
+          " %u)\n",
+          name, round, own[port[1].lid]);
       failures++;
     }
     buf[0][0] = (char)round;
