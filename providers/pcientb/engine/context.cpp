@@ -496,10 +496,9 @@ void Node::progress_loop() {
     if (uint64_t quiet = fab_->quiet_until_ns(); quiet > now_ns()) {
       next = next ? std::min(next, quiet) : quiet;
       looks_at_ns_.store(next, std::memory_order_relaxed);
-    } else if (quiet) {
-      // The mask ran out (the polls stopped without arming a CQ): peers are told, then
-      // what they posted without ringing is taken.
-      fab_->not_polling();
+    } else if (quiet && fab_->quiet_ran_out(quiet)) {
+      // The mask ran out (the polls stopped without arming a CQ) and peers are told: what
+      // they posted without ringing is taken.
       service();
       continue;
     }

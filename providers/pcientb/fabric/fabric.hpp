@@ -126,13 +126,16 @@ class Fabric {
   // Threads of this node poll for what peers post (called now and then while
   // they do): peers may leave the doorbell alone (the node's mask) until
   // quiet_until_ns() (CLOCK_MONOTONIC; 0: no mask). Once that is past, the
-  // node's progress thread ends the mask (not_polling) and looks at its lanes:
-  // on the kernel fabric a mask stands until it is ended (peers of the other
-  // host do not share this clock), on the emulated one peers read the clock.
+  // node's progress thread calls quiet_ran_out() with it and, if that ended the
+  // mask, looks at its lanes: on the kernel fabric a mask stands until it is
+  // ended (peers of the other host do not share this clock); on the emulated one
+  // peers read the clock, and nothing is to be ended.
   virtual void polling() = 0;
   virtual uint64_t quiet_until_ns() = 0;
-  // A thread of this node is going to sleep, or the mask ran out: peers ring
-  // from now on (the node looks at its lanes after this returns).
+  // Ends the mask if it still runs out at `quiet` (a thread that polled since has
+  // renewed it: it stands); true if it ended it.
+  virtual bool quiet_ran_out(uint64_t /*quiet*/) { return false; }
+  // A thread of this node is going to sleep: peers ring from now on.
   virtual void not_polling() = 0;
   // What this process has done through the fabric so far.
   virtual Work work() const = 0;

@@ -144,15 +144,19 @@ class KernelFabric final : public Fabric {
     return masked_.load(std::memory_order_acquire) ? quiet_until_.load(std::memory_order_relaxed)
                                                    : 0;
   }
+  bool quiet_ran_out(uint64_t quiet) override {
+    std::lock_guard<std::mutex> g(mask_mu_);
+    // Renewed meanwhile (polling() renews under the lock): it stands.
+    if (!masked_.load(std::memory_order_relaxed) ||
+        quiet_until_.load(std::memory_order_relaxed) != quiet)
+      return false;
+    end_mask();
+    return true;
+  }
   void not_polling() override {
     if (!masked_.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> g(mask_mu_);
-    if (!masked_.load(std::memory_order_relaxed)) return;
-    // Retried: while the mask stands, peers leave this node's doorbell alone.
-    while (mask(0) == EINTR) {
-    }
-    masked_.store(false, std::memory_order_release);
-    quiet_until_.store(0, std::memory_order_relaxed);
+    if (masked_.load(std::memory_order_relaxed)) end_mask();
   }
   Work work() const override { return work_done(); }
   int device_event_fd() override { return event_fd_; }
@@ -170,6 +174,13 @@ class KernelFabric final : public Fabric {
 
  private:
   MoveStatus move(Peer &p, WindowId w, uint64_t raddr, void *local, size_t len, uint32_t dir);
+  void end_mask() {  // with mask_mu_
+    // Retried: while the mask stands, peers leave this node's doorbell alone.
+    while (mask(0) == EINTR) {
+    }
+    masked_.store(false, std::memory_order_release);
+    quiet_until_.store(0, std::memory_order_relaxed);
+  }
   int mask(uint32_t quiet) {
     pcientb_mask cmd{};
     cmd.quiet = quiet;
