@@ -7,7 +7,10 @@
  *   through its window. Per LID of the peer's half: what the peer module published of its
  *   node (nonce, life, where the chunks of its area are in the window). Per LID of ours:
  *   a count of the rings the peer's nodes sent it, and which incarnation of it the peer
- *   module knows (its ack). The inbox's address goes to the peer in scratchpads.
+ *   module knows (its ack). The inbox's address goes to the peer in scratchpads; its first
+ *   words, written by this host before that, say where this host's region table and
+ *   doorbell masks are, and the peer reads them once each time it connects (so a module
+ *   loaded anew is never written at its predecessor's addresses).
  * - The bridge's window (the port's last: the first is the self-tests') translates flat:
  *   all of this host's memory below the window's size, so that the peer reaches every
  *   node's area and the inbox. A window whose aperture is smaller than memory (a PEX8749's
@@ -54,7 +57,7 @@ enum {
 	SPAD_INBOX_HI = 4,
 	SPAD_BRIDGE = 5, /* BRIDGE_MAGIC while the inbox address stands */
 };
-#define BRIDGE_MAGIC 0x42524733 /* "BRG3": the inbox as below */
+#define BRIDGE_MAGIC 0x42524734 /* "BRG4": the inbox as below */
 #define LIDS PCIENTB_LIDS_PER_PORT
 #define POST_PIECE 256
 #define MOVERS 32 /* moves of this host's nodes into the peer's regions at once */
@@ -71,12 +74,15 @@ struct inbox_node {
 };
 
 struct inbox {
+	/* Written by this host before it publishes the inbox, read by the peer at connect. */
+	__le64 regions; /* where our region table is in the peer's window onto us */
+	__le64 masks; /* where our nodes' doorbell masks are (the peer's nodes read them) */
+	/* Written by the peer only. */
 	__le64 rings[LIDS]; /* by our LID: rings counted by the peer */
 	__le64 acks[LIDS]; /* by our LID: the nonce of ours the peer knows, or 0 */
+	__le64 adds[LIDS]; /* by our LID: how many times the peer added our node there */
 	struct inbox_node nodes[LIDS]; /* by the peer's LID: its nodes */
-	__le64 regions; /* where the peer's region table is in our window onto it */
 	__le64 movers[MOVERS]; /* the peer's moves into our regions: MOVING | key, or 0 */
-	__le64 masks; /* where the peer's doorbell masks are in our window onto it */
 };
 
 /*
@@ -116,6 +122,9 @@ struct pcientb_bridge {
 	phys_addr_t out_phys; /* its bus address (where remote areas are mapped from) */
 	resource_size_t out_size;
 	struct inbox __iomem *peer_in;
+	u64 peer_regions, peer_masks; /* in `out`, as the peer's inbox said at connect; 0: none */
+	u64 adds_out[LIDS]; /* by the peer's LID: how many times we added its node there */
+	u64 adds_seen[LIDS]; /* by ours: the peer's count as the work item last saw it */
 	u32 own_base, peer_base; /* the LIDs of index 0 */
 	atomic64_t ring_out[LIDS]; /* by the peer's LID */
 	u64 ring_seen[LIDS]; /* by ours */
@@ -198,6 +207,18 @@ static void write_entry(struct pcientb_bridge *b, u32 idx, u64 nonce, u32 layout
 	ioread32(&e->life); /* flushed: the peer's next look sees it */
 }
 
+/*
+ * Whether the peer's inbox holds our live node `nonce` at `idx` already, complete: the
+ * link went down and up on this side only, and the peer kept the node (rewritten, its
+ * entry would go dead for a moment, and the peer tear the node down).
+ */
+static bool entry_stands(struct pcientb_bridge *b, u32 idx, u64 nonce)
+{
+	struct inbox_node __iomem *e = &b->peer_in->nodes[idx];
+
+	return ioread32(&e->life) == ((u32)nonce | 1) && readq(&e->nonce) == nonce;
+}
+
 static struct pcientb_node *local_node(struct pcientb_bridge *b, u32 idx)
 {
 	struct pcientb_node *node = pcientb_node_get(b->dev, b->own_base + idx);
@@ -238,6 +259,16 @@ static void disconnect(struct pcientb_bridge *b)
 	iounmap(b->out);
 	b->out = NULL;
 	b->peer_in = NULL;
+	b->peer_regions = 0;
+	b->peer_masks = 0;
+}
+
+/* An address the peer's inbox gave, if `len` bytes there are in our window onto it; or 0. */
+static u64 peer_table(struct pcientb_bridge *b, u64 at, u64 len)
+{
+	if (!at || !IS_ALIGNED(at, sizeof(u64)) || at > b->out_size || b->out_size - at < len)
+		return 0;
+	return at;
 }
 
 static void connect(struct pcientb_bridge *b)
@@ -269,6 +300,10 @@ static void connect(struct pcientb_bridge *b)
 			      "the bridge's window cannot cover this host's memory\n");
 		return;
 	}
+	/* What the peer reads when it connects: written before the inbox is published. */
+	b->in->regions = cpu_to_le64(virt_to_phys(b->regions));
+	b->in->masks = cpu_to_le64(page_to_phys(b->dev->masks_page));
+	wmb();
 	ntb_spad_write(b->ntb, SPAD_INBOX_LO, lower_32_bits(b->in_dma));
 	ntb_spad_write(b->ntb, SPAD_INBOX_HI, upper_32_bits(b->in_dma));
 	ntb_spad_write(b->ntb, SPAD_BRIDGE, BRIDGE_MAGIC);
@@ -295,18 +330,24 @@ static void connect(struct pcientb_bridge *b)
 	b->peer_in = b->out + off;
 	b->connected = true;
 	b->ever = true;
-	/* Where our regions are; none of ours moves (a move in flight held the link up). */
-	writeq(virt_to_phys(b->regions), &b->peer_in->regions);
-	/* Where the peer writes its nodes' masks (its nodes are not known yet: theirs are 0). */
-	writeq(page_to_phys(b->dev->masks_page), &b->peer_in->masks);
+	b->peer_regions =
+		peer_table(b, readq(&b->peer_in->regions), PCIENTB_MAX_MR * sizeof(struct region));
+	b->peer_masks = peer_table(b, readq(&b->peer_in->masks), PCIENTB_LIDS * sizeof(u32));
+	/*
+	 * The work item writes the mask of every node the peer knows again (its count of adds
+	 * is not 0): one that ended while the link was down never reached the peer.
+	 */
+	memset(b->adds_seen, 0, sizeof(b->adds_seen));
+	/* None of ours moves (a move in flight held the link up). */
 	for (idx = 0; idx < MOVERS; idx++)
 		writeq(0, &b->peer_in->movers[idx]);
 	/* The peer's view of our nodes, anew: nothing known of its nodes, ours as they are. */
 	for (idx = 0; idx < LIDS; idx++) {
 		writeq(0, &b->peer_in->acks[idx]);
 		node = local_node(b, idx);
-		write_entry(b, idx, node ? node->nonce : 0, node ? node->layout : 0,
-			    node ? node->area : NULL);
+		if (!node || !entry_stands(b, idx, node->nonce))
+			write_entry(b, idx, node ? node->nonce : 0, node ? node->layout : 0,
+				    node ? node->area : NULL);
 		if (node)
 			pcientb_node_put(node);
 	}
@@ -358,14 +399,78 @@ static bool scan_node(struct pcientb_bridge *b, u32 idx)
 		    !PAGE_ALIGNED(off[i]))
 			return acked;
 	}
+	/*
+	 * No earlier node's mask: its word is zeroed before the add, and the node's module
+	 * writes it again when it sees the count of adds change (mask_again), so a mask the
+	 * node set before we knew it stands.
+	 */
+	WRITE_ONCE(b->dev->masks[b->peer_base + idx], 0);
+	wmb();
 	/* Acked before anything is written to it, and looked at again after the flush. */
 	set_ack(b, idx, nonce);
 	rmb();
 	if (le32_to_cpu(READ_ONCE(e->life)) != life || le64_to_cpu(READ_ONCE(e->nonce)) != nonce ||
 	    pcientb_remote_add(b->dev, b->peer_base + idx, nonce, le32_to_cpu(READ_ONCE(e->layout)),
-			       chunks, off, b->out_phys))
+			       chunks, off, b->out_phys)) {
 		set_ack(b, idx, 0);
+		return true;
+	}
+	writeq(++b->adds_out[idx], &b->peer_in->adds[idx]);
+	wmb();
+	readq(&b->peer_in->adds[idx]); /* flushed before the doorbell that says to look */
 	return true;
+}
+
+/*
+ * Our node `lid`'s doorbell mask, as the peer's nodes read it (in the peer's memory). Its
+ * end is flushed (a read through the window) before this returns: a node of the peer that
+ * posted, then read the mask still set, posted before the flush, and its posts land in our
+ * memory before the read's answer (PCIe ordering: a completion never passes a posted
+ * write), so the caller's next look at its lanes finds them. With the bridge's semaphore.
+ */
+static void put_mask(struct pcientb_bridge *b, u32 lid, u32 quiet)
+{
+	void __iomem *word;
+
+	if (!b->connected || !b->peer_masks)
+		return;
+	word = b->out + b->peer_masks + lid * sizeof(*b->dev->masks);
+	iowrite32(quiet, word);
+	if (!quiet) {
+		mb(); /* out of the write-combining buffer before the read is issued */
+		ioread32(word);
+	}
+}
+
+/*
+ * Our node at `idx`'s mask, written again into the peer's page when the peer added the
+ * node (it zeroed the word first: a mask set before that is lost there), or when this
+ * side connected anew (connect forgets the counts seen: a mask that ended while the link
+ * was down never reached the peer, whose ringers would leave the node unrung). After an
+ * end written so, the node looks at its lanes: a peer's post that saw the stale mask rang
+ * nobody. With the bridge's semaphore for writing: no MASK writes meanwhile (a MASK that
+ * changed the word since writes it after this).
+ */
+static void mask_again(struct pcientb_bridge *b, u32 idx)
+{
+	u64 adds = le64_to_cpu(READ_ONCE(b->in->adds[idx]));
+	struct pcientb_node *node;
+	u32 quiet;
+
+	if (adds == b->adds_seen[idx])
+		return;
+	b->adds_seen[idx] = adds;
+	node = local_node(b, idx);
+	if (!node)
+		return;
+	rmb(); /* the ack was written before the count */
+	if (le64_to_cpu(READ_ONCE(b->in->acks[idx])) == node->nonce) {
+		quiet = READ_ONCE(b->dev->masks[node->lid]);
+		put_mask(b, node->lid, quiet);
+		if (!quiet)
+			pcientb_node_signal(node);
+	}
+	pcientb_node_put(node);
 }
 
 static void bridge_work(struct work_struct *work)
@@ -398,6 +503,8 @@ static void bridge_work(struct work_struct *work)
 			pcientb_node_put(node);
 		}
 	}
+	for (idx = 0; idx < LIDS; idx++)
+		mask_again(b, idx);
 	if (told)
 		ring_peer(b); /* its kept areas may go now */
 out:
@@ -473,33 +580,18 @@ int pcientb_bridge_ring(struct pcientb_ib *dev, struct pcientb_node *node)
 }
 
 /*
- * Our node `lid`'s doorbell mask, as the peer's nodes read it (in the peer's memory). Its
- * end is flushed (a read through the window) before this returns: a node of the peer that
- * posted, then read the mask still set, posted before the flush, and its posts land in our
- * memory before the read's answer (PCIe ordering: a completion never passes a posted
- * write), so the caller's next look at its lanes finds them. The word of a node that the
- * peer never added (it went before the peer's work item looked) may stay set there: no
- * ringer reads a dead LID's word, and the peer zeroes it when it adds the LID's next node.
+ * Our node `lid`'s mask (see put_mask). The word of a node that the peer never added (it
+ * went before the peer's work item looked) may stay set there: no ringer reads a dead
+ * LID's word, and the peer zeroes it when it adds the LID's next node.
  */
 void pcientb_bridge_mask(struct pcientb_ib *dev, u32 lid, u32 quiet)
 {
 	struct pcientb_bridge *b = dev->bridge;
-	void __iomem *word;
-	u64 at;
 
 	if (!b)
 		return;
 	down_read(&b->sem);
-	at = le64_to_cpu(READ_ONCE(b->in->masks));
-	if (b->connected && at && IS_ALIGNED(at, sizeof(*dev->masks)) && at <= b->out_size &&
-	    b->out_size - at >= PCIENTB_LIDS * sizeof(*dev->masks)) {
-		word = b->out + at + lid * sizeof(*dev->masks);
-		iowrite32(quiet, word);
-		if (!quiet) {
-			mb(); /* out of the write-combining buffer before the read is issued */
-			ioread32(word);
-		}
-	}
+	put_mask(b, lid, quiet);
 	up_read(&b->sem);
 }
 
@@ -595,10 +687,10 @@ void pcientb_bridge_unexport(struct pcientb_ib *dev, u32 index, u32 key)
 /* Reads the peer's region `key` of node `lid`; 0 or the error the move returns. */
 static int peer_region(struct pcientb_bridge *b, u32 lid, u32 key, struct region *r)
 {
-	u64 table = le64_to_cpu(READ_ONCE(b->in->regions)), at;
+	u64 at = b->peer_regions + (u64)(key >> 8) * sizeof(*r);
 
-	at = table + (u64)(key >> 8) * sizeof(*r);
-	if (!table || at > b->out_size || b->out_size - at < sizeof(*r))
+	/* The whole table is in the window (connect checked it). */
+	if (!b->peer_regions || (key >> 8) >= PCIENTB_MAX_MR)
 		return -ENOENT;
 	memcpy_fromio(r, b->out + at, sizeof(*r));
 	if (le32_to_cpu(r->key) != key || le32_to_cpu(r->lid) != lid)

@@ -304,8 +304,12 @@ static int node_enter(struct pcientb_ib *dev, struct pcientb_node *node)
 
 	if (rc)
 		return rc;
-	/* The nonce, then the life that makes the entry valid; no earlier node's mask. */
-	WRITE_ONCE(dev->masks[node->lid], 0);
+	/*
+	 * The nonce, then the life that makes the entry valid. No earlier node's mask: a node
+	 * across the bridge had its word zeroed before the bridge acked it (pcientb_bridge.c).
+	 */
+	if (node->area)
+		WRITE_ONCE(dev->masks[node->lid], 0);
 	WRITE_ONCE(e->chunks, node->area ? node->area->chunks : node->chunks);
 	WRITE_ONCE(e->layout, node->layout);
 	WRITE_ONCE(e->nonce, node->nonce);
@@ -659,7 +663,8 @@ int pcientb_nodes_init(struct pcientb_ib *dev)
 	xa_init(&dev->nodes);
 	static_assert(PCIENTB_LIDS * sizeof(*dev->masks) <= PAGE_SIZE);
 	dev->table = vmalloc_user(PCIENTB_LIDS * sizeof(struct pcientb_node_entry));
-	dev->masks_page = alloc_page(GFP_KERNEL | __GFP_ZERO);
+	/* Below 4 GiB: the peer writes it through a window that may cover no more. */
+	dev->masks_page = alloc_page(GFP_KERNEL | __GFP_ZERO | GFP_DMA32);
 	if (!dev->table || !dev->masks_page) {
 		vfree(dev->table);
 		if (dev->masks_page)

@@ -173,9 +173,10 @@ class FakeFabric final : public Fabric {
   }
   void polling() override { me_->quiet_until.store(engine::now_ns() + 1000000); }
   uint64_t quiet_until_ns() override { return me_->quiet_until.load(); }
-  void not_polling() override {
-    me_->quiet_until.store(0);
+  bool not_polling() override {
+    const uint64_t quiet = me_->quiet_until.exchange(0);
     std::atomic_thread_fence(std::memory_order_seq_cst);
+    return quiet > engine::now_ns();
   }
   fabric::Work work() const override {
     std::lock_guard<std::mutex> g(work_mu_);

@@ -17,7 +17,9 @@ table, doorbells, doorbell masks on both hosts and watchers; a node whose mask r
 rung again) and `ibv_devinfo -v`, then `ibv_rc_pingpong`, `ib_write_bw`
 and `ib_read_bw` between two processes on pcientb0 (setup over loopback TCP). It takes port 1's device from the driver and gives it back (port 0's
 link goes down, then up, with an event each time, and its selftest passes again), stops
-and restarts port 1's heartbeat (a peer that died without a word: down, then up); a
+and restarts port 1's heartbeat (a peer that died without a word: down, then up; a node
+of port 0 masked before port 1's host knew it has its mask there, and the end of its mask
+while its link was down reaches port 1's host once the link is up again); a
 program holding port 0's verbs device meanwhile receives PORT_ERR, PORT_ACTIVE, PORT_ERR,
 PORT_ACTIVE, and one holding port 1's gets DEVICE_FATAL when it goes (the unbind does not
 wait for it; PORT_ERR may come first); each program's registered region is unpinned when its
@@ -123,12 +125,23 @@ echo "${second#ntb-}" > $drv/bind
 link "after bind" up
 say "selftest again $first"
 show /sys/kernel/debug/pcientb/$first/selftest
-# A peer that stops without a word (its host died): port 1's heartbeat stops.
+# A peer that stops without a word (its host died): port 1's heartbeat stops, so port 0's
+# link goes down and up while port 1's stays up. Meanwhile a node of port 0, masked, ends
+# its mask while its link is down, and port 1's host must see that end once it is up.
 beat=/sys/kernel/debug/pcientb-ivshmem/${second#ntb-}/heartbeat
+flap=/dev/pcientb-flap
+step() { i=0; while [ ! -e "$flap.$1" ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i + 1)); done; }
+host $CHECK mask-flap "$ib_first" "$ib_second" $flap &
+check_flap=$!
+step masked
 echo 0 > $beat
 link "after silence" down
+touch $flap.down
+step ended
 echo 1 > $beat
 link "after heartbeat" up
+touch $flap.up
+wait $check_flap
 host $CHECK devices 2
 # With a context open on a device: rmmod does not wait for it.
 if rmmod pcientb; then say "rmmod ok"; else say "rmmod failed"; fi
@@ -212,6 +225,8 @@ def check(lines):
         if not any(" alive yes " in v and v.endswith(" mrs 1 cqs 0 srqs 0") for v in nodes) or \
                 not any(v.endswith(" error Object is remote") for v in nodes):
             problems.append(f"pcientb-stat on kernel:{dev}: {nodes}")
+    if "mask flap ok" not in verbs:
+        problems.append("a node's mask over a link flap seen by one side: no 'mask flap ok'")
     if [v for v in verbs if v == "bridge ok"] != ["bridge ok", "bridge ok"]:
         problems.append("the nodes of the two ports did not reach each other, before and after")
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:

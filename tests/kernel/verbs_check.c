@@ -1154,6 +1154,109 @@ out:
 
 // A device as a program sees it through libibverbs: the provider's engine, on the
 // kernel fabric of the device (a process is one node); then what pcientb.ko itself does.
+// The tier 1 script's steps, by files: `prefix.step` made by one side, waited for by the other.
+static void step_done(const char *prefix, const char *step) {
+  char path[256];
+  snprintf(path, sizeof path, "%s.%s", prefix, step);
+  const int fd = open(path, O_CREAT | O_WRONLY, 0644);
+  if (fd >= 0) close(fd);
+}
+
+static int step_waited(const char *prefix, const char *step, double seconds) {
+  char path[256];
+  snprintf(path, sizeof path, "%s.%s", prefix, step);
+  const double end = now() + seconds;
+  while (access(path, F_OK) != 0) {
+    if (now() > end) return 0;
+    usleep(20 * 1000);
+  }
+  return 1;
+}
+
+// Doorbell masks over a link flap that only one side sees (the script stops port B's
+// heartbeat: port A's link goes down and up, B's stays up, and B keeps A's nodes):
+// node N of A masks, and its word across reads 1; while A's link is down, N ends its mask,
+// which cannot reach B then, and a new node N2 comes and masks; once the link is up
+// again, N's word across must read 0 (else B's nodes would leave N unrung), and N2's 1
+// (B zeroes a word when it adds the node, after which A's module must write it again).
+static int mask_flap(const char *name_a, const char *name_b, const char *prefix) {
+  struct ibv_device **list = ibv_get_device_list(NULL), *da = NULL, *db = NULL;
+  for (int i = 0; list && list[i]; i++) {
+    if (strcmp(ibv_get_device_name(list[i]), name_a) == 0) da = list[i];
+    if (strcmp(ibv_get_device_name(list[i]), name_b) == 0) db = list[i];
+  }
+  struct kctx *n = da ? kopen(da) : NULL, *n2 = NULL;
+  // A mask before the peer host knows N (its work item adds N after a doorbell).
+  const int masked = n && set_mask(n, 1) == 0;
+  // A node on B too: A's bridge is down once B's node has left A's table.
+  struct kctx *b = db ? kopen(db) : NULL;
+  const uint32_t *there = MAP_FAILED;
+  const struct pcientb_node_entry *table = MAP_FAILED, *here = MAP_FAILED;
+
+  if (!n || !b || !masked) {
+    fail(name_a, "a node masked on one port and a node on its peer", errno);
+    goto out;
+  }
+  const uint16_t ln = lid_of(n), lb = lid_of(b);
+  there = map(b, 4096, PROT_READ, MAP_SHARED, PCIENTB_MMAP_MASKS);
+  table = map(b, TABLE_BYTES, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+  here = map(n, TABLE_BYTES, PROT_READ, MAP_SHARED, PCIENTB_MMAP_TABLE);
+  if (there == MAP_FAILED || table == MAP_FAILED || here == MAP_FAILED) {
+    fail(name_b, "mapping the masks and the node tables", errno);
+    goto out;
+  }
+  if (!table_says(table, ln, n->info.nonce, 1, 10) || !table_says(here, lb, b->info.nonce, 1, 10)) {
+    fail(name_a, "the two hosts do not know each other's node within 10 s", 0);
+    goto out;
+  }
+  if (!mask_says(there, ln, 1, 5)) {
+    fail(name_a, "a mask set before the peer host knew the node is not set there (5 s)", 0);
+    goto out;
+  }
+  step_done(prefix, "masked");
+  if (!step_waited(prefix, "down", 60) || !table_says(here, lb, b->info.nonce, 0, 10)) {
+    fail(name_a, "the link and the bridge did not go down within 70 s", 0);
+    goto out;
+  }
+  if (set_mask(n, 0)) {
+    fail(name_a, "MASK(0) while the link is down", errno);
+    goto out;
+  }
+  // Else this check checks nothing: the end reached the peer although the link was down.
+  if (!there[ln]) fail(name_a, "the peer's word of the node changed while the link was down", 0);
+  // A node that comes and masks while the link is down: the peer learns of it only later.
+  n2 = kopen(da);
+  if (!n2 || set_mask(n2, 1)) {
+    fail(name_a, "a node masked while the link is down", errno);
+    goto out;
+  }
+  step_done(prefix, "ended");
+  if (!step_waited(prefix, "up", 60)) {
+    fail(name_a, "the link did not come up within 60 s", 0);
+    goto out;
+  }
+  if (!mask_says(there, ln, 0, 10))
+    fail(name_a, "a mask ended while the link was down still stands across it after (10 s)", 0);
+  else if (!table_says(table, ln, n->info.nonce, 1, 0))
+    fail(name_a, "the peer host lost the node over the flap", 0);
+  else if (!table_says(table, lid_of(n2), n2->info.nonce, 1, 10) ||
+           !mask_says(there, lid_of(n2), 1, 10))
+    fail(name_a, "a node masked while the link was down is not masked across it after (10 s)", 0);
+  else
+    printf("mask flap ok\n");
+out:
+  step_done(prefix, "masked");  // the script never waits for nothing
+  step_done(prefix, "ended");
+  if (there != MAP_FAILED) munmap((void *)there, 4096);
+  if (table != MAP_FAILED) munmap((void *)table, TABLE_BYTES);
+  if (here != MAP_FAILED) munmap((void *)here, TABLE_BYTES);
+  if (n) kclose(n);
+  if (n2) kclose(n2);
+  if (b) kclose(b);
+  if (list) ibv_free_device_list(list);
+  return failures ? 1 : 0;
+}
+
 static int check_device(struct ibv_device *d, __be64 *guid, int *half) {
   const char *name = ibv_get_device_name(d);
   struct ibv_context *ctx = ibv_open_device(d);
@@ -1521,8 +1624,9 @@ int main(int argc, char **argv) {
   if (argc == 6 && strcmp(argv[1], "events") == 0)
     return events(argv[2], atoi(argv[3]), atof(argv[4]), argv[5]);
   if (argc == 5 && strcmp(argv[1], "across") == 0) return across(argv[2], argv[3], argv[4]);
+  if (argc == 5 && strcmp(argv[1], "mask-flap") == 0) return mask_flap(argv[2], argv[3], argv[4]);
   fprintf(stderr,
           "usage: verbs_check devices N | events DEVICE N SECONDS READY_FILE | across DEVICE "
-          "a|b DIR\n");
+          "a|b DIR | mask-flap DEVICE PEER_DEVICE STEP_PREFIX\n");
   return 2;
 }

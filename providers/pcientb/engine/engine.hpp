@@ -148,7 +148,8 @@ class Node {
   // peers ring from now on, or what they post would wait for the mask's end.
   void stop_polling() {
     polls_ = 1;  // its next polls before it sleeps do not mask again
-    fab_->not_polling();
+    // The progress thread would take them only when the mask it planned for runs out.
+    if (fab_->not_polling()) service(true);
   }
 
   // --- links (link.cpp): reaching a peer without reading its memory ---

@@ -135,8 +135,9 @@ class Fabric {
   // Ends the mask if it still runs out at `quiet` (a thread that polled since has
   // renewed it: it stands); true if it ended it.
   virtual bool quiet_ran_out(uint64_t /*quiet*/) { return false; }
-  // A thread of this node is going to sleep: peers ring from now on.
-  virtual void not_polling() = 0;
+  // A thread of this node is going to sleep: peers ring from now on. True if
+  // that ended a mask (what a peer posted without ringing waits to be taken).
+  virtual bool not_polling() = 0;
   // What this process has done through the fabric so far.
   virtual Work work() const = 0;
   // Readable while this node's doorbell has rung since clear_doorbell().

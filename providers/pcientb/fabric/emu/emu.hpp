@@ -222,11 +222,14 @@ class EmuFabric final : public Fabric {
       hdr_->quiet_until.store(now + kQuietNs, std::memory_order_relaxed);
   }
   uint64_t quiet_until_ns() override { return hdr_->quiet_until.load(std::memory_order_relaxed); }
-  void not_polling() override {
+  bool not_polling() override {
+    const uint64_t quiet = hdr_->quiet_until.load(std::memory_order_relaxed);
+    if (!quiet) return false;
     hdr_->quiet_until.store(0, std::memory_order_relaxed);
     // Pairs with a ringer's fence: it sees no mask, or this node's next look
     // at its lanes sees what it posted.
     std::atomic_thread_fence(std::memory_order_seq_cst);
+    return quiet > mono_ns();
   }
   Work work() const override { return work_done(); }
   int doorbell_fd() override { return bell_rfd_; }

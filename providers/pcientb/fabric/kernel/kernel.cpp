@@ -153,10 +153,12 @@ class KernelFabric final : public Fabric {
     end_mask();
     return true;
   }
-  void not_polling() override {
-    if (!masked_.load(std::memory_order_acquire)) return;
+  bool not_polling() override {
+    if (!masked_.load(std::memory_order_acquire)) return false;
     std::lock_guard<std::mutex> g(mask_mu_);
-    if (masked_.load(std::memory_order_relaxed)) end_mask();
+    if (!masked_.load(std::memory_order_relaxed)) return false;
+    end_mask();
+    return true;
   }
   Work work() const override { return work_done(); }
   int device_event_fd() override { return event_fd_; }
