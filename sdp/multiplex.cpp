@@ -486,8 +486,17 @@ int take_kernel(int epfd, EpSet &set, epoll_event *k, int kn, epoll_event *out, 
   return n;
 }
 
-int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const sigset_t *mask) {
+// The layer's state of a set a thread is about to wait on: made at the first wait once the
+// program holds sockets of the layer, even if none is in the set yet, so that the waiter is
+// counted asleep and another thread's adding one wakes it (else it would sleep in the kernel
+// on a set whose new socket's arrivals arm nothing, and see the layer's tags as events).
+std::shared_ptr<EpSet> set_to_wait_on(int epfd) {
   std::shared_ptr<EpSet> set = find_set(epfd, false);
+  return set || !holds_socks() ? set : find_set(epfd, true);
+}
+
+int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const sigset_t *mask) {
+  std::shared_ptr<EpSet> set = set_to_wait_on(epfd);
   bool empty = true;
   if (set) {
     std::lock_guard<std::mutex> lk(set->mu);
@@ -782,7 +791,7 @@ SDP_EXPORT int epoll_pwait2(int epfd, epoll_event *out, int max, const timespec 
   static auto real_pwait2 =
       reinterpret_cast<int (*)(int, epoll_event *, int, const timespec *, const sigset_t *)>(
           dlsym(RTLD_NEXT, "epoll_pwait2"));
-  if (!find_set(epfd, false)) {
+  if (!set_to_wait_on(epfd)) {
     if (real_pwait2) return real_pwait2(epfd, out, max, timeout, mask);
     errno = ENOSYS;
     return -1;

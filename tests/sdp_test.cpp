@@ -1335,6 +1335,44 @@ TEST(Epoll, RearmWakesAThreadAlreadyWaiting) {
   });
 }
 
+// A thread asleep on a set that held none of the layer's sockets when it went to sleep (a
+// worker's set with only its pipe), and another thread adds a connection to that set (an
+// accept thread): the connection's data wakes the sleeper, with the program's own data.
+TEST(Epoll, ASetsFirstSocketAddedWhileAThreadSleepsOnItWakesItWithItsData) {
+  with_sending_server([](Channel &ch, int fd) {
+    int pp[2];
+    ASSERT_EQ(pipe(pp), 0);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    ASSERT_GE(ep, 0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 2;
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
+    std::atomic<int64_t> woke_ms{-1};
+    std::atomic<uint64_t> data{0};
+    std::atomic<int> got{-2};
+    const auto t0 = Clock::now();
+    std::thread loop([&] {
+      epoll_event out{};
+      got = epoll_wait(ep, &out, 1, 3000);
+      if (got == 1) data = out.data.u64;
+      woke_ms = ms_since(t0);
+    });
+    std::this_thread::sleep_for(200ms);  // the loop is asleep by now
+    ev.data.u64 = 1;
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+    ask(ch, 20);
+    loop.join();
+    EXPECT_EQ(got.load(), 1) << "woke after " << woke_ms.load() << " ms";
+    EXPECT_EQ(data.load(), 1u) << "another event than the program's registration";
+    EXPECT_LT(woke_ms.load(), 2000) << "woken only by its timeout";
+    expect_pattern(fd, 10, 0, 20);
+    close(ep);
+    close(pp[0]);
+    close(pp[1]);
+  });
+}
+
 TEST(Epoll, RdhupAfterPeerShutdown) {
   epoll_test(EPOLLIN | EPOLLRDHUP, [](Channel &ch, int fd, int ep) {
     ch.send(UINT32_MAX);  // shutdown(SHUT_WR) at the server
