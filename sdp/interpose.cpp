@@ -358,10 +358,28 @@ std::vector<SockUse> table_snapshot() {
 
 namespace {
 
+// The layer's tables are held over fork(), so that no other thread holds them at the fork:
+// the child, which has only the forking thread, would wait for them for ever. Registered
+// first, so their prepare runs last (after the provider's, which takes none of them).
+void fork_prepare() {
+  multiplex_fork_lock(true);
+  tab_mu.lock();
+}
+void fork_parent() {
+  tab_mu.unlock();
+  multiplex_fork_lock(false);
+  process_fork_parent();
+}
+void fork_child() {
+  tab_mu.unlock();
+  multiplex_fork_lock(false);
+  process_fork_child();
+}
+
 struct Init {
   Init() {
     (void)real();
-    pthread_atfork(nullptr, process_fork_parent, process_fork_child);
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
     process_start();
   }
 } init;

@@ -601,6 +601,18 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
 
 }  // namespace
 
+// Over fork(): the table of sets and every set (a child's close looks at all of them).
+// Nothing that holds a set's lock waits for the table's.
+void multiplex_fork_lock(bool lock) {
+  if (lock) {
+    sets_mu.lock();
+    for (auto &kv : *sets) kv.second->mu.lock();
+  } else {
+    for (auto &kv : *sets) kv.second->mu.unlock();
+    sets_mu.unlock();
+  }
+}
+
 // The socket leaves the layer: closed (program_keeps_fd false), or staying on TCP, when the
 // kernel takes the program's registrations as they were made.
 void multiplex_forget(Sock &s, bool program_keeps_fd) {

@@ -430,7 +430,8 @@ void hand_back_listen();
 // A vfork()ed child (memory shared with its parent, descriptors its own): calls it makes on
 // descriptors go to the kernel only, the layer's table being its parent's.
 bool in_vfork_child();
-void process_fork_parent();  // fork handlers: counters only, no heap
+void multiplex_fork_lock(bool lock);  // the epoll sets, over fork() (multiplex.cpp)
+void process_fork_parent();           // fork handlers: counters only, no heap
 void process_fork_child();
 // Closes every SDP connection as exit would (FIN, or the hand-back where shared); waits a
 // little for connections closed with data the peer has not read.

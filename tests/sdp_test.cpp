@@ -2323,6 +2323,67 @@ TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
       });
 }
 
+// A process forks while another of its threads works on its sockets (dup and close take
+// the layer's descriptor table, epoll_ctl its sets): each child's own socket calls must not
+// find a lock the other thread held at the fork (a threaded server that forks helpers).
+TEST(Fork, ForksWhileAnotherThreadUsesTheLayerLeaveEachChildItsSocketCalls) {
+  connected(
+      [](Channel &, int fd) {
+        client_round(fd, 72, 73, 0, 1000);
+        std::atomic<bool> stop{false};
+        std::thread busy([&] {
+          const int ep = epoll_create1(EPOLL_CLOEXEC);
+          while (!stop.load(std::memory_order_relaxed)) {
+            const int d = dup(fd);
+            epoll_event ev{};
+            ev.events = EPOLLIN;
+            if (d >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, d, &ev) == 0)
+              epoll_ctl(ep, EPOLL_CTL_DEL, d, nullptr);
+            if (d >= 0) close(d);
+          }
+          close(ep);
+        });
+        int hung = 0, failed = 0;
+        for (int i = 0; i < 300 && !hung; ++i) {
+          const pid_t pid = fork();
+          ASSERT_GE(pid, 0);
+          if (pid == 0) {
+            // Socket calls on what it inherited, and on a socket of its own.
+            const int d = dup(fd);
+            const int ep = epoll_create1(0);
+            epoll_event ev{};
+            ev.events = EPOLLIN;
+            const bool ok = d >= 0 && ep >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, d, &ev) == 0 &&
+                            epoll_wait(ep, &ev, 1, 0) >= 0 && close(d) == 0;
+            const int t = socket(AF_INET, SOCK_STREAM, 0);
+            _exit(ok && t >= 0 && close(t) == 0 ? 0 : 1);
+          }
+          int status = 0;
+          const auto end = Clock::now() + 5s;
+          while (waitpid(pid, &status, WNOHANG) == 0) {
+            if (Clock::now() > end) {
+              kill(pid, SIGKILL);
+              waitpid(pid, &status, 0);
+              ++hung;
+              break;
+            }
+            std::this_thread::sleep_for(1ms);
+          }
+          if (!hung && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) ++failed;
+        }
+        stop = true;
+        busy.join();
+        EXPECT_EQ(hung, 0) << "a child hung in its socket calls (a lock held at the fork)";
+        EXPECT_EQ(failed, 0);
+        client_round(fd, 72, 73, 1000, 1000);
+      },
+      [](Channel &, int fd) {
+        server_round(fd, 72, 73, 0, 1000);
+        server_round(fd, 72, 73, 1000, 1000);
+        expect_eof(fd);
+      });
+}
+
 // Forks a child that runs `body` and exits 0 if it passed (its failures are printed).
 pid_t fork_child(const std::function<void()> &body) {
   fflush(nullptr);
