@@ -364,13 +364,16 @@ namespace {
 void fork_prepare() {
   multiplex_fork_lock(true);
   tab_mu.lock();
+  flusher_fork_lock(true);
 }
 void fork_parent() {
+  flusher_fork_lock(false);
   tab_mu.unlock();
   multiplex_fork_lock(false);
   process_fork_parent();
 }
 void fork_child() {
+  flusher_fork_lock(false);
   tab_mu.unlock();
   multiplex_fork_lock(false);
   process_fork_child();

@@ -431,6 +431,7 @@ void hand_back_listen();
 // descriptors go to the kernel only, the layer's table being its parent's.
 bool in_vfork_child();
 void multiplex_fork_lock(bool lock);  // the epoll sets, over fork() (multiplex.cpp)
+void flusher_fork_lock(bool lock);    // the flusher's start, over fork() (stream.cpp)
 void process_fork_parent();           // fork handlers: counters only, no heap
 void process_fork_child();
 // Closes every SDP connection as exit would (FIN, or the hand-back where shared); waits a

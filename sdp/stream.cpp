@@ -1464,6 +1464,17 @@ void flusher_main(Flusher *f) {
   }
 }
 
+}  // namespace
+
+void flusher_fork_lock(bool lock) {
+  if (lock)
+    flusher_start_mu.lock();
+  else
+    flusher_start_mu.unlock();
+}
+
+namespace {
+
 Flusher *the_flusher() {
   std::lock_guard<std::mutex> lk(flusher_start_mu);
   if (flusher_pid != getpid()) {  // first use, or a fork()ed child: a thread of its own
