@@ -2328,7 +2328,7 @@ TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
 // find a lock the other thread held at the fork (a threaded server that forks helpers).
 TEST(Fork, ForksWhileAnotherThreadUsesTheLayerLeaveEachChildItsSocketCalls) {
   connected(
-      [](Channel &, int fd) {
+      [](Channel &ch, int fd) {
         client_round(fd, 72, 73, 0, 1000);
         std::atomic<bool> stop{false};
         std::thread busy([&] {
@@ -2375,13 +2375,16 @@ TEST(Fork, ForksWhileAnotherThreadUsesTheLayerLeaveEachChildItsSocketCalls) {
         busy.join();
         EXPECT_EQ(hung, 0) << "a child hung in its socket calls (a lock held at the fork)";
         EXPECT_EQ(failed, 0);
+        ch.send(uint32_t(1));  // the forks took long (ASan): the server waits for this first
         client_round(fd, 72, 73, 1000, 1000);
       },
-      [](Channel &, int fd) {
+      [](Channel &ch, int fd) {
         server_round(fd, 72, 73, 0, 1000);
+        (void)ch.recv<uint32_t>(std::chrono::milliseconds(80000));
         server_round(fd, 72, 73, 1000, 1000);
         expect_eof(fd);
-      });
+      },
+      90s);  // forks are slow under ASan
 }
 
 // Forks a child that runs `body` and exits 0 if it passed (its failures are printed).
