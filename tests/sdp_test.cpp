@@ -1335,19 +1335,26 @@ TEST(Epoll, RearmWakesAThreadAlreadyWaiting) {
   });
 }
 
+// A pipe and an epoll set holding its read end (data 2), as a worker's set starts.
+void pipe_set(int pp[2], int *ep) {
+  ASSERT_EQ(pipe(pp), 0);
+  *ep = epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(*ep, 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 2;
+  ASSERT_EQ(epoll_ctl(*ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
+}
+
 // A thread asleep on a set that held none of the layer's sockets when it went to sleep (a
 // worker's set with only its pipe), and another thread adds a connection to that set (an
 // accept thread): the connection's data wakes the sleeper, with the program's own data.
 TEST(Epoll, ASetsFirstSocketAddedWhileAThreadSleepsOnItWakesItWithItsData) {
   with_sending_server([](Channel &ch, int fd) {
-    int pp[2];
-    ASSERT_EQ(pipe(pp), 0);
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    ASSERT_GE(ep, 0);
+    int pp[2], ep = -1;
+    ASSERT_NO_FATAL_FAILURE(pipe_set(pp, &ep));
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = 2;
-    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
     std::atomic<int64_t> woke_ms{-1};
     std::atomic<uint64_t> data{0};
     std::atomic<int> got{-2};
@@ -1384,14 +1391,11 @@ TEST(Epoll, RdhupAfterPeerShutdown) {
 
 TEST(Epoll, SocketAndPipeInOneSet) {
   with_sending_server([](Channel &ch, int fd) {
-    int pp[2];
-    ASSERT_EQ(pipe(pp), 0);
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    ASSERT_GE(ep, 0);
+    int pp[2], ep = -1;
+    // The pipe first: the set is the kernel's until the socket joins.
+    ASSERT_NO_FATAL_FAILURE(pipe_set(pp, &ep));
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = 2;  // the pipe first: the set is the kernel's until the socket joins
-    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
     ev.data.u64 = 1;
     ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
     auto wait_set = [&](int ms) {
