@@ -260,11 +260,6 @@ std::shared_ptr<Sock> find_sock(int fd) {
   return s;
 }
 
-bool holds_socks() {
-  std::lock_guard<std::mutex> lk(tab_mu);
-  return !tab->empty();
-}
-
 void forget_sock(int kfd) {
   // Called with the socket's own descriptor: drop every program descriptor naming it.
   std::vector<std::shared_ptr<Sock>> gone;

@@ -32,12 +32,6 @@ void note_epoll_fd(int epfd, bool on);  // interpose.cpp
 
 namespace {
 
-int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000000000ll + ts.tv_nsec;
-}
-
 // Readiness of a socket the layer holds, as poll reports it; -1 when the kernel now serves
 // it (it stayed on TCP, or went back to it).
 int sock_revents(const std::shared_ptr<Sock> &s, short events, uint64_t *changes = nullptr) {
@@ -64,7 +58,7 @@ short own_events(const Sock &s) {
 // A wait's end: deadline_ns < 0 waits for ever.
 int remaining_ms(int64_t deadline_ns) {
   if (deadline_ns < 0) return -1;
-  int64_t left = deadline_ns - now_ns();
+  int64_t left = deadline_ns - int64_t(now_ns());
   return left <= 0 ? 0 : int((left + 999999) / 1000000);
 }
 
@@ -83,7 +77,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     timespec ts{timeout_ns / 1000000000, timeout_ns % 1000000000};
     return real().ppoll(fds, n, timeout_ns < 0 ? nullptr : &ts, mask);
   }
-  const int64_t start = now_ns();
+  const int64_t start = int64_t(now_ns());
   const int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
   const int64_t spin_end = start + int64_t(config().spin_us) * 1000;
   std::vector<pollfd> k;
@@ -132,7 +126,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     k.resize(plain);
     kidx.resize(plain);
     if (ready) return ready;
-    const int64_t now = now_ns();
+    const int64_t now = int64_t(now_ns());
     if (deadline >= 0 && now >= deadline) return 0;
     if (now < spin_end) {
       sched_yield();
@@ -289,6 +283,12 @@ void wake_sleepers(EpSet &set) {
 std::mutex sets_mu;
 auto *sets = new std::unordered_map<int, std::shared_ptr<EpSet>>();
 
+// Threads asleep in the kernel on a set the layer holds no state for (say, a worker's set
+// before the program has any socket of the layer). A socket of the layer added to such a set
+// arms nothing they wait on, so the layer's state made for a set wakes them: its wake_fd
+// starts readable.
+std::atomic<int> plain_sleepers{0};
+
 std::shared_ptr<EpSet> find_set(int epfd, bool create) {
   std::lock_guard<std::mutex> lk(sets_mu);
   auto it = sets->find(epfd);
@@ -301,6 +301,11 @@ std::shared_ptr<EpSet> find_set(int epfd, bool create) {
     ev.events = EPOLLIN;
     ev.data.u64 = kWakeTag;
     real().epoll_ctl(epfd, EPOLL_CTL_ADD, set->wake_fd, &ev);
+    // After the waiter's count, before its look at the table (both under sets_mu's order).
+    if (plain_sleepers.load() > 0) {
+      uint64_t one = 1;
+      (void)!syscall(SYS_write, set->wake_fd, &one, sizeof one);
+    }
   }
   (*sets)[epfd] = set;
   note_epoll_fd(epfd, true);
@@ -486,24 +491,45 @@ int take_kernel(int epfd, EpSet &set, epoll_event *k, int kn, epoll_event *out, 
   return n;
 }
 
-// The layer's state of a set a thread is about to wait on: made at the first wait once the
-// program holds sockets of the layer, even if none is in the set yet, so that the waiter is
-// counted asleep and another thread's adding one wakes it (else it would sleep in the kernel
-// on a set whose new socket's arrivals arm nothing, and see the layer's tags as events).
-std::shared_ptr<EpSet> set_to_wait_on(int epfd) {
-  std::shared_ptr<EpSet> set = find_set(epfd, false);
-  return set || !holds_socks() ? set : find_set(epfd, true);
+// The kernel's wait on a set the layer holds no state for. `*set` is the state the layer
+// made for it meanwhile, if it did: then the events may hold the layer's tags.
+template <class Wait>
+int plain_wait(int epfd, std::shared_ptr<EpSet> *set, Wait wait) {
+  ++plain_sleepers;
+  *set = find_set(epfd, false);  // made before the count: no wake was written for this thread
+  if (*set) {
+    --plain_sleepers;
+    return 0;
+  }
+  int kn = wait();
+  int err = errno;
+  --plain_sleepers;
+  *set = find_set(epfd, false);
+  errno = err;
+  return kn;
 }
 
 int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const sigset_t *mask) {
-  std::shared_ptr<EpSet> set = set_to_wait_on(epfd);
-  bool empty = true;
-  if (set) {
+  std::shared_ptr<EpSet> set = find_set(epfd, false);
+  if (max <= 0) return real().epoll_pwait(epfd, out, max, timeout_ms, mask);
+  if (!set) {
+    const int64_t started = timeout_ms > 0 ? int64_t(now_ns()) : 0;
+    int kn = plain_wait(epfd, &set,
+                        [&] { return real().epoll_pwait(epfd, out, max, timeout_ms, mask); });
+    if (!set || kn < 0) return kn;
+    int n = take_kernel(epfd, *set, out, kn, out, 0, max);  // in place: n <= i
+    if (n || timeout_ms == 0) return n;
+    if (timeout_ms > 0) {
+      timeout_ms = remaining_ms(started + int64_t(timeout_ms) * 1000000);
+      if (timeout_ms == 0) return 0;
+    }
+  }
+  bool empty;
+  {
     std::lock_guard<std::mutex> lk(set->mu);
     empty = set->regs.empty();
   }
-  if (!set || max <= 0) return real().epoll_pwait(epfd, out, max, timeout_ms, mask);
-  const int64_t start = now_ns();
+  const int64_t start = int64_t(now_ns());
   const int64_t deadline = timeout_ms < 0 ? -1 : start + int64_t(timeout_ms) * 1000000;
   const int64_t spin_end = start + int64_t(config().spin_us) * 1000;
   // Programs pass their whole set size as max (redis: 10128): the buffer is kept per thread,
@@ -530,7 +556,7 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
       return kn;
     }
     int n = take_kernel(epfd, *set, k.data(), kn, out, 0, max);
-    if (n || (deadline >= 0 && now_ns() >= deadline)) return n;
+    if (n || (deadline >= 0 && int64_t(now_ns()) >= deadline)) return n;
     std::lock_guard<std::mutex> lk(set->mu);
     empty = set->regs.empty();
   }
@@ -541,7 +567,7 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
   int64_t kernel_due = 0;
   for (;;) {
     int n = scan(epfd, *set, out, max, false);
-    const int64_t now = now_ns();
+    const int64_t now = int64_t(now_ns());
     const bool kernel = n < max && now >= kernel_due;
     if (kernel) {
       kernel_due = now + kKernelEveryNs;
@@ -803,15 +829,22 @@ SDP_EXPORT int epoll_pwait2(int epfd, epoll_event *out, int max, const timespec 
   static auto real_pwait2 =
       reinterpret_cast<int (*)(int, epoll_event *, int, const timespec *, const sigset_t *)>(
           dlsym(RTLD_NEXT, "epoll_pwait2"));
-  if (!set_to_wait_on(epfd)) {
-    if (real_pwait2) return real_pwait2(epfd, out, max, timeout, mask);
+  int64_t ns = -1;
+  if (timeout) ns = timeout->tv_sec * 1000000000ll + timeout->tv_nsec;
+  std::shared_ptr<EpSet> set = find_set(epfd, false);
+  if (!set && !real_pwait2) {
     errno = ENOSYS;
     return -1;
   }
-  int ms = -1;
-  if (timeout) {
-    const int64_t ns = timeout->tv_sec * 1000000000ll + timeout->tv_nsec;
-    ms = int(std::min<int64_t>((ns + 999999) / 1000000, INT32_MAX));
+  if (!set && max > 0) {
+    const int64_t started = ns > 0 ? int64_t(now_ns()) : 0;
+    int kn = plain_wait(epfd, &set, [&] { return real_pwait2(epfd, out, max, timeout, mask); });
+    if (!set || kn < 0) return kn;
+    int n = take_kernel(epfd, *set, out, kn, out, 0, max);
+    if (n || ns == 0) return n;
+    if (ns > 0) ns = std::max<int64_t>(0, started + ns - int64_t(now_ns()));
   }
+  if (!set) return real_pwait2(epfd, out, max, timeout, mask);
+  const int ms = ns < 0 ? -1 : int(std::min<int64_t>((ns + 999999) / 1000000, INT32_MAX));
   return mux_epoll_wait(epfd, out, max, ms, mask);
 }

@@ -394,7 +394,6 @@ inline bool negotiating(const Sock &s) {
 
 // The fd table (interpose.cpp).
 std::shared_ptr<Sock> find_sock(int fd);
-bool holds_socks();        // whether any descriptor of the program names a socket of the layer
 void forget_sock(int fd);  // the socket stays on the kernel's TCP: the layer lets go of it
 // A connection the peer handed back to TCP leaves the layer once what came before is read.
 void leave_layer(Sock &s);

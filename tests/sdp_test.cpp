@@ -1346,38 +1346,62 @@ void pipe_set(int pp[2], int *ep) {
   ASSERT_EQ(epoll_ctl(*ep, EPOLL_CTL_ADD, pp[0], &ev), 0);
 }
 
-// A thread asleep on a set that held none of the layer's sockets when it went to sleep (a
-// worker's set with only its pipe), and another thread adds a connection to that set (an
+// A thread asleep on a set that holds none of the layer's sockets (a worker's set with only
+// its pipe); another thread then takes a connection from `conn` and adds it to that set (an
 // accept thread): the connection's data wakes the sleeper, with the program's own data.
-TEST(Epoll, ASetsFirstSocketAddedWhileAThreadSleepsOnItWakesItWithItsData) {
-  with_sending_server([](Channel &ch, int fd) {
-    int pp[2], ep = -1;
-    ASSERT_NO_FATAL_FAILURE(pipe_set(pp, &ep));
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    std::atomic<int64_t> woke_ms{-1};
-    std::atomic<uint64_t> data{0};
-    std::atomic<int> got{-2};
-    const auto t0 = Clock::now();
-    std::thread loop([&] {
-      epoll_event out{};
-      got = epoll_wait(ep, &out, 1, 3000);
-      if (got == 1) data = out.data.u64;
-      woke_ms = ms_since(t0);
-    });
-    std::this_thread::sleep_for(200ms);  // the loop is asleep by now
-    ev.data.u64 = 1;
-    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
-    ask(ch, 20);
-    loop.join();
-    EXPECT_EQ(got.load(), 1) << "woke after " << woke_ms.load() << " ms";
-    EXPECT_EQ(data.load(), 1u) << "another event than the program's registration";
-    EXPECT_LT(woke_ms.load(), 2000) << "woken only by its timeout";
-    expect_pattern(fd, 10, 0, 20);
-    close(ep);
-    close(pp[0]);
-    close(pp[1]);
+// Returns the connection.
+int first_socket_added_wakes_the_sleeper(Channel &ch, const std::function<int()> &conn) {
+  int pp[2], ep = -1, fd = -1;
+  pipe_set(pp, &ep);
+  if (ep < 0) return -1;
+  std::atomic<int64_t> woke_ms{-1};
+  std::atomic<uint64_t> data{0};
+  std::atomic<int> got{-2};
+  const auto t0 = Clock::now();
+  std::thread loop([&] {
+    epoll_event out{};
+    got = epoll_wait(ep, &out, 1, 3000);
+    if (got == 1) data = out.data.u64;
+    woke_ms = ms_since(t0);
   });
+  std::this_thread::sleep_for(200ms);  // the loop is asleep by now
+  fd = conn();
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 1;
+  EXPECT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+  ask(ch, 20);
+  loop.join();
+  EXPECT_EQ(got.load(), 1) << "woke after " << woke_ms.load() << " ms";
+  EXPECT_EQ(data.load(), 1u) << "another event than the program's registration";
+  EXPECT_LT(woke_ms.load(), 2000) << "woken only by its timeout";
+  expect_pattern(fd, 10, 0, 20);
+  close(ep);
+  close(pp[0]);
+  close(pp[1]);
+  return fd;
+}
+
+TEST(Epoll, ASetsFirstSocketAddedWhileAThreadSleepsOnItWakesItWithItsData) {
+  with_sending_server(
+      [](Channel &ch, int fd) { first_socket_added_wakes_the_sleeper(ch, [fd] { return fd; }); });
+}
+
+// The same when the thread went to sleep before the program had any socket of the layer
+// (workers start before the first connection).
+TEST(Epoll, AThreadAsleepBeforeTheProgramsFirstSocketIsWokenByItsData) {
+  two_process(
+      [](Channel &ch) {
+        int fd = first_socket_added_wakes_the_sleeper(ch, [&ch] { return client_conn(ch); });
+        ch.send(uint32_t(0));
+        close(fd);
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        sending_server(ch, fd);
+        close(fd);
+      },
+      within(30s));
 }
 
 TEST(Epoll, RdhupAfterPeerShutdown) {
