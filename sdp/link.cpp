@@ -48,6 +48,8 @@ struct Device {
   uint16_t lid = 0;
   ibv_mtu mtu = IBV_MTU_4096;
   uint8_t gid[16]{};
+  bool atomics = false;       // remote atomics at all
+  bool atomics_glob = false;  // ... atomic with the CPU's too
   int err = 0;
 };
 
@@ -60,7 +62,7 @@ Device *dev = nullptr;
 // that a peer of the closed connection holds no key to the memory a new one gets.
 struct Buffers {
   char *ring, *mirror;
-  AckBlock *ack;
+  AckPage *page;
   uint32_t ring_bytes;
 };
 constexpr size_t kPoolMax = 16;  // 16 x (2 rings + 4 KiB): 32 MiB at the default ring size
@@ -84,7 +86,7 @@ std::atomic<uint32_t> n_groups{0};
 void unmap(const Buffers &b) {
   if (b.ring) munmap(b.ring, b.ring_bytes);
   if (b.mirror) munmap(b.mirror, b.ring_bytes);
-  if (b.ack) munmap(b.ack, 4096);
+  if (b.page) munmap(b.page, 4096);
 }
 
 void forget_device_in_child() {
@@ -182,6 +184,11 @@ Device *device() {
     dev->ctx = nullptr;
     return nullptr;
   }
+  ibv_device_attr da{};
+  if (ibv_query_device(dev->ctx, &da) == 0) {
+    dev->atomics = da.atomic_cap != IBV_ATOMIC_NONE;
+    dev->atomics_glob = da.atomic_cap == IBV_ATOMIC_GLOB;
+  }
   dev->cq_pending = reinterpret_cast<int (*)(ibv_cq *)>(provider_symbol("pcientb_cq_pending"));
   dev->lid = pa.lid;
   dev->mtu = pa.active_mtu;
@@ -221,7 +228,7 @@ bool link_create(Link &l, std::atomic<int> *sleepers) {
     std::lock_guard<std::mutex> lk(pool_mu);
     if (pool && !pool->empty()) {
       const Buffers &b = pool->back();
-      l.ring = b.ring, l.mirror = b.mirror, l.ack = b.ack;
+      l.ring = b.ring, l.mirror = b.mirror, l.page = b.page;
       pool->pop_back();
     }
   }
@@ -229,17 +236,19 @@ bool link_create(Link &l, std::atomic<int> *sleepers) {
     // As fresh memory reads: the receiver looks at the record at its position before the
     // peer's write announcing it arrives.
     memset(l.ring, 0, l.ring_bytes);
-    memset(static_cast<void *>(l.ack), 0, 4096);
+    memset(static_cast<void *>(l.page), 0, 4096);
   } else {
     l.ring = static_cast<char *>(map_buffer(l.ring_bytes));
     l.mirror = static_cast<char *>(map_buffer(l.ring_bytes));
-    l.ack = static_cast<AckBlock *>(map_buffer(4096));
+    l.page = static_cast<AckPage *>(map_buffer(4096));
   }
-  if (!l.ring || !l.mirror || !l.ack) return false;
-  int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (!l.ring || !l.mirror || !l.page) return false;
+  const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  // The peer claims this side's SinkAvails by compare-and-swap on the page.
+  const int atomic = d->atomics ? IBV_ACCESS_REMOTE_ATOMIC : 0;
   l.ring_mr = ibv_reg_mr(d->pd, l.ring, l.ring_bytes, acc);
   l.mirror_mr = ibv_reg_mr(d->pd, l.mirror, l.ring_bytes, IBV_ACCESS_LOCAL_WRITE);
-  l.ack_mr = ibv_reg_mr(d->pd, l.ack, 4096, acc);
+  l.ack_mr = ibv_reg_mr(d->pd, l.page, 4096, acc | atomic);
   if (!l.ring_mr || !l.mirror_mr || !l.ack_mr) return false;
   l.kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (l.kick_fd < 0) return false;
@@ -269,7 +278,8 @@ bool link_create(Link &l, std::atomic<int> *sleepers) {
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
   a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+  a.qp_access_flags =
+      IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE | atomic;
   if (ibv_modify_qp(l.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
     return false;
 
@@ -282,7 +292,7 @@ bool link_create(Link &l, std::atomic<int> *sleepers) {
   me.ring_addr = reinterpret_cast<uintptr_t>(l.ring);
   me.ring_rkey = l.ring_mr->rkey;
   me.ring_bytes = l.ring_bytes;
-  me.ack_addr = reinterpret_cast<uintptr_t>(l.ack);
+  me.ack_addr = reinterpret_cast<uintptr_t>(l.page);
   me.ack_rkey = l.ack_mr->rkey;
   me.recv_depth = l.recv_depth;
   me.uid = getuid();  // the fabric's table is this user's (a server may have changed user)
@@ -431,9 +441,9 @@ void link_destroy(Link &l) {
   if (l.mirror_mr) ibv_dereg_mr(l.mirror_mr);
   if (l.ack_mr) ibv_dereg_mr(l.ack_mr);
   for (ibv_mr *mr : l.window_mrs) ibv_dereg_mr(mr);
-  Buffers b{l.ring, l.mirror, l.ack, l.ring_bytes};
+  Buffers b{l.ring, l.mirror, l.page, l.ring_bytes};
   bool kept = false;
-  if (b.ring && b.mirror && b.ack && b.ring_bytes == config().ring_bytes) {
+  if (b.ring && b.mirror && b.page && b.ring_bytes == config().ring_bytes) {
     std::lock_guard<std::mutex> lk(pool_mu);
     if (!pool) pool = new std::vector<Buffers>();
     if (pool->size() < kPoolMax) {
@@ -443,6 +453,11 @@ void link_destroy(Link &l) {
   }
   if (!kept) unmap(b);
   l = Link{};
+}
+
+bool link_sink_ok() {
+  Device *d = device();
+  return d && d->atomics_glob;
 }
 
 ibv_mr *reg_user(void *addr, size_t len) {

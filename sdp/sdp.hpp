@@ -76,8 +76,29 @@ struct AckBlock {
   uint64_t cancel;        // receiver -> sender: the SrcAvail seq whose cancel was answered
   uint64_t cancel_bytes;  // how much of that SrcAvail had been read when cancelled
   uint64_t cancel_req;    // sender -> receiver: please stop reading SrcAvail seq <= this
-  uint64_t reserved[2];
+  // Write ZCopy: the receive buffer this side offers the sender (SinkAvail; seq 0: none),
+  // and `at`, the ring bytes of the sender's stream it had received then: the sender may
+  // write into it only if it has sent nothing since. The check word tells a block torn by
+  // the next ack's write from a whole one.
+  uint64_t sink_seq;
+  uint64_t sink_addr;
+  uint32_t sink_rkey;
+  uint32_t sink_len;
+  uint64_t sink_at;
+  uint64_t sink_check;
 };
+
+// The ack page of a link: the peer's acks, this side's ack source, then the claim word of
+// this side's SinkAvail (changed by atomics only: seq = open, | kSinkTaken = the sender
+// claimed it by RDMA compare-and-swap, | kSinkWithdrawn = this side took it back), then
+// where this side's own claim of the peer's SinkAvail returns the old value.
+struct AckPage {
+  AckBlock ack[2];
+  uint64_t sink_claim;
+  uint64_t claim_result;
+};
+constexpr uint64_t kSinkTaken = 1ull << 63;
+constexpr uint64_t kSinkWithdrawn = 1ull << 62;
 
 struct CqGroup;
 struct Inbox;
@@ -93,7 +114,7 @@ struct Link {
   char *mirror = nullptr;  // what this side writes into the peer's ring is staged here
   ibv_mr *mirror_mr = nullptr;
   int kick_fd = -1;         // eventfd: wakes this socket's other sleepers when one took a wakeup
-  AckBlock *ack = nullptr;  // [0]: written by the peer; [1]: source of this side's acks
+  AckPage *page = nullptr;  // ack[0] written by the peer, ack[1] this side's ack source
   ibv_mr *ack_mr = nullptr;
   // Windows this side exposed (pcientb_sdp_expose): registered until the link goes, since
   // the peer may write into one until it has seen the next.
@@ -128,6 +149,10 @@ void link_drain(Link &link);
 void link_drain_channel(int channel_fd);
 // Whether the link's inbox holds completions, without a lock (true if it has none yet).
 bool link_has_news(const Link &link);
+// Whether this side may offer its receive buffers (Write ZCopy): the device's atomics are
+// atomic with the CPU's (IBV_ATOMIC_GLOB), so taking an offer back by a local
+// compare-and-swap races fairly with the sender's claim.
+bool link_sink_ok();
 // Registers user memory for one zero-copy transfer (the provider caches what it moved, so
 // registering the same buffer again is cheap; a cache here would go stale when the program
 // frees and maps again at the same address).
@@ -356,11 +381,26 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t cancel_req = 0;     // this side's cancel request (in its acks)
   uint64_t peer_cancel = 0, peer_cancel_bytes = 0;  // the peer's answer
 
+  // Write ZCopy, sink side: the receive buffer a blocking recv offers the peer (seq 0: none).
+  struct SinkAvail {
+    uint64_t seq = 0, addr = 0, at = 0;
+    uint32_t rkey = 0, len = 0;
+  } sink;
+  uint64_t sink_made = 0;  // SinkAvails made
+  // One the link's end (close, hand-back by another thread) found taken: its bytes, placed,
+  // for the recv that offered it.
+  uint64_t sink_ended_seq = 0, sink_ended_bytes = 0;
+  // Source side: the peer's offer (from its acks), the last one this side tried to claim.
+  SinkAvail peer_sink;
+  uint64_t sink_tried = 0;
+  uint32_t claims_pending = 0;  // this side's compare-and-swaps not complete
+  uint32_t wz_writes = 0;       // this side's writes into the peer's offered buffer, not complete
+
   int error = 0;                 // sticky: ECONNRESET/EPIPE once the connection broke
   bool peer_gone = false;        // the kernel socket saw the peer's end
   int64_t peer_checked_ms = -1;  // when an empty non-blocking receive last looked at it
 
-  pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0, 0, 0};
+  pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const char *reason = "";
   bool stats_written = false;
 };

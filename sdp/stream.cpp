@@ -6,11 +6,20 @@
 // (BCopy payload), SRC_AVAIL (Read ZCopy: the sink RDMA-READs the source's buffer), FIN
 // (no more data: shutdown or close), PAD (skip to the ring's start), REVERT (the connection
 // goes back to TCP, see stream_revert), WINDOW (a buffer the peer may RDMA-WRITE into:
-// extended sockets, pcientb_sdp_expose).
+// extended sockets, pcientb_sdp_expose), WR_COMPL (Write ZCopy: this many bytes were written
+// into the buffer the receiver offered).
 // The receiver returns credits with an ack: a write with immediate kImmAck of an AckBlock
 // into the sender's ack slot (ring bytes consumed, immediates reaped, SrcAvails read, cancel
-// answers). A sender never has more ring bytes or immediates outstanding than the peer has
-// room for, so no write ever meets a full ring or an empty receive queue.
+// answers, the receive buffer it offers). A sender never has more ring bytes or immediates
+// outstanding than the peer has room for, so no write ever meets a full ring or an empty
+// receive queue.
+// Write ZCopy: a blocking recv with nothing to deliver offers its buffer in an ack
+// (SinkAvail), with the ring position it had reached. A blocking send that has sent nothing
+// since claims it by RDMA compare-and-swap on the receiver's claim word, RDMA-WRITEs into it
+// and puts a WR_COMPL record where its next record goes. The receiver goes by the first
+// record there: WR_COMPL means its buffer holds the bytes, anything else that the offer was
+// not taken, and it takes the offer back by a compare-and-swap of its own; one that fails
+// means a claim won, and the WR_COMPL is on its way (see sink_resolve).
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -43,7 +52,15 @@ uint64_t now_ns() {
 
 namespace {
 
-enum RecType : uint8_t { kData = 1, kPad = 2, kSrcAvail = 3, kFin = 4, kRevert = 5, kWindow = 6 };
+enum RecType : uint8_t {
+  kData = 1,
+  kPad = 2,
+  kSrcAvail = 3,
+  kFin = 4,
+  kRevert = 5,
+  kWindow = 6,
+  kWrCompl = 7,  // arg: the SinkAvail's seq; payload: the bytes written (uint64_t)
+};
 enum RecFlag : uint8_t { kWantAck = 1 };
 struct Rec {
   uint32_t len;  // payload bytes
@@ -58,8 +75,12 @@ struct SrcAvail {  // also a WINDOW's payload
   uint32_t rkey;
   uint32_t len;
 };
-// A one-sided write's completion (its wr_id): the ring's writes count unsignaled posts there.
+// Completions told apart by their wr_id (the ring's writes count unsignaled posts there): a
+// one-sided write, a claim of the peer's SinkAvail, a write into it.
 constexpr uint64_t kWindowWrite = 1ull << 63;
+constexpr uint64_t kClaim = 1ull << 62;
+constexpr uint64_t kSinkWrite = 1ull << 61;
+constexpr uint64_t kWrComplBytes = 32;  // the record and its payload
 // REVERT's payload: how far the side handing back had consumed the other's stream (a record
 // position, and the bytes of that record already delivered or read).
 struct RevertAt {
@@ -135,12 +156,38 @@ bool post_write(Sock &s, const void *src, uint32_t lkey, uint32_t len, uint64_t 
   return true;
 }
 
+uint64_t sink_check(const AckBlock &a) {
+  return (a.sink_seq * 0x9e3779b97f4a7c15ull) ^ a.sink_addr ^
+         ((uint64_t(a.sink_rkey) << 32 | a.sink_len) * 31) ^ (a.sink_at * 0xff51afd7ed558ccdull) ^
+         0x5344505f53494e4bull;
+}
+
+// Posts a signaled work request whose completion (told apart by `tag`) stands for the
+// unsignaled posts before it. 0, or the error of ibv_post_send.
+int post_signaled(Sock &s, ibv_send_wr &wr, uint64_t tag) {
+  wr.send_flags |= IBV_SEND_SIGNALED;
+  wr.wr_id = tag | (s.unsignaled + 1);
+  ibv_send_wr *bad = nullptr;
+  int rc = ibv_post_send(s.link.qp, &wr, &bad);
+  if (rc == 0) {
+    s.unsignaled = 0;
+    ++s.sq_used;
+  }
+  return rc;
+}
+
 void fill_ack(Sock &s) {
-  AckBlock &a = s.link.ack[1];
+  AckBlock &a = s.link.page->ack[1];
   a.consumed = s.rx_pos;
   a.polled = s.polled;
   a.zc_done = s.zc_done;
   a.cancel_req = s.cancel_req;
+  a.sink_seq = s.sink.seq;
+  a.sink_addr = s.sink.addr;
+  a.sink_rkey = s.sink.rkey;
+  a.sink_len = s.sink.len;
+  a.sink_at = s.sink.at;
+  a.sink_check = sink_check(a);
 }
 
 bool send_ack(Sock &s) {
@@ -152,7 +199,7 @@ bool send_ack(Sock &s) {
   fill_ack(s);
   const Link &l = s.link;
   // Inline: the source may change for the next ack before the fabric reads it.
-  if (!post_write(s, &l.ack[1], l.ack_mr->lkey, sizeof(AckBlock), l.remote.ack_addr,
+  if (!post_write(s, &l.page->ack[1], l.ack_mr->lkey, sizeof(AckBlock), l.remote.ack_addr,
                   l.remote.ack_rkey, kImmAck))
     return false;
   s.acked_consumed = s.rx_pos;
@@ -186,7 +233,7 @@ void answer_cancel(Sock &s) {
   s.cancel_answered = s.peer_cancel_req;
   logf("fd %d: peer cancels SrcAvail %llu: %llu bytes were read", s.fd,
        (unsigned long long)s.peer_cancel_req, (unsigned long long)bytes);
-  AckBlock &a = s.link.ack[1];
+  AckBlock &a = s.link.page->ack[1];
   a.cancel = s.cancel_answered;
   a.cancel_bytes = bytes;
   s.ack_wanted = true;
@@ -261,6 +308,8 @@ void progress(Sock &s) {
           s.window_writes = 0;
           s.window_failed = true;
         }
+        if (w.wr_id & kClaim) s.claims_pending = 0;
+        if (w.wr_id & kSinkWrite) s.wz_writes = 0;
         if (w.opcode == IBV_WC_RDMA_READ)
           set_error(s, ECONNRESET);
         else
@@ -278,7 +327,7 @@ void progress(Sock &s) {
           // The ack slot is written by the peer: read it once, as it is now.
           __atomic_thread_fence(__ATOMIC_ACQUIRE);
           AckBlock a;
-          memcpy(&a, const_cast<const AckBlock *>(&l.ack[0]), sizeof a);
+          memcpy(&a, const_cast<const AckBlock *>(&l.page->ack[0]), sizeof a);
           s.peer_consumed = std::max<uint64_t>(s.peer_consumed, a.consumed);
           s.peer_polled = std::max<uint64_t>(s.peer_polled, a.polled);
           s.peer_zc_done = std::max<uint64_t>(s.peer_zc_done, a.zc_done);
@@ -287,6 +336,8 @@ void progress(Sock &s) {
             s.peer_cancel_bytes = a.cancel_bytes;
           }
           s.peer_cancel_req = std::max<uint64_t>(s.peer_cancel_req, a.cancel_req);
+          if (a.sink_check == sink_check(a))  // else torn by the next ack: that one tells
+            s.peer_sink = {a.sink_seq, a.sink_addr, a.sink_at, a.sink_rkey, a.sink_len};
         } else {
           s.rx_produced += imm;
         }
@@ -295,6 +346,12 @@ void progress(Sock &s) {
         s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
       } else if (w.wr_id & kWindowWrite) {
         --s.window_writes;
+        s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
+      } else if (w.wr_id & kClaim) {
+        --s.claims_pending;
+        s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
+      } else if (w.wr_id & kSinkWrite) {
+        --s.wz_writes;
         s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
       } else {
         s.sq_used -= std::min<uint32_t>(s.sq_used, uint32_t(w.wr_id));
@@ -430,6 +487,12 @@ void take_revert(Sock &s) {
       if (off < sa.len)
         s.backlog.append(reinterpret_cast<const char *>(sa.addr) + off, sa.len - off);
       s.peer_zc_done = r.arg;
+    } else if (r.type == kWrCompl) {
+      // Written into the buffer the peer offered, which its hand-back should have waited for
+      // and counted as read: those bytes are not in this side's memory any more.
+      logf("fd %d: the peer handed the connection back without taking its offered buffer's bytes",
+           s.fd);
+      set_error(s, ECONNRESET);
     }
     q = next;
   }
@@ -762,6 +825,84 @@ ssize_t zcopy_send(Sock &s, SockLock &lk, void *buf, size_t len, int flags, bool
   return send_failed(s, 0, flags);
 }
 
+// Write ZCopy, source side: the peer's blocking recv offers a buffer, and this side has
+// sent nothing since the offer (its stream is where the peer's was then). Claims it, writes
+// up to `len` bytes of `buf` into it, and puts the WR_COMPL record. The lock is held from
+// the claim to the record: nothing else of this side enters the stream between. Returns
+// the bytes written (0: not taken, the caller sends them another way), or -1 when the
+// connection broke or was closed meanwhile.
+ssize_t wz_send(Sock &s, SockLock &lk, const void *buf, size_t len) {
+  const Sock::SinkAvail sa = s.peer_sink;
+  if (!sa.seq || sa.seq <= s.sink_tried || sa.at != s.tx_pos || !sa.len || s.tx_tcp || s.error)
+    return 0;
+  // Room for the record (a pad before it) and the claim's and write's work requests now, so
+  // that nothing waits once the claim is made.
+  if (data_credit(s) < need_bytes(s, kWrComplBytes) || credit_msgs(s) < 8) return 0;
+  s.sink_tried = sa.seq;
+  const size_t n = std::min<size_t>(len, sa.len);
+  ibv_mr *mr = reg_user(const_cast<void *>(buf), n);
+  if (!mr) return 0;
+  ++s.stats.registrations;
+  Link &l = s.link;
+  volatile uint64_t &result = l.page->claim_result;
+  result = 0;
+  ibv_sge csge{reinterpret_cast<uintptr_t>(&l.page->claim_result), 8, l.ack_mr->lkey};
+  ibv_send_wr cas{};
+  cas.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+  cas.sg_list = &csge;
+  cas.num_sge = 1;
+  cas.wr.atomic.remote_addr = l.remote.ack_addr + offsetof(AckPage, sink_claim);
+  cas.wr.atomic.rkey = l.remote.ack_rkey;
+  cas.wr.atomic.compare_add = sa.seq;
+  cas.wr.atomic.swap = sa.seq | kSinkTaken;
+  bool claimed = false;
+  if (post_signaled(s, cas, kClaim) == 0) {
+    ++s.claims_pending;
+    // The peer's device answers, not its program: microseconds, and a dead peer is an
+    // error completion. The lock stays held (see above).
+    while (s.claims_pending && !s.error) {
+      progress(s);
+      if (s.claims_pending) sched_yield();
+    }
+    claimed = !s.error && result == sa.seq;
+  } else {
+    set_error(s, ECONNRESET);
+  }
+  if (!claimed) {
+    ibv_dereg_mr(mr);
+    logf("fd %d: SinkAvail %llu not claimed (%s)", s.fd, (unsigned long long)sa.seq,
+         s.error ? "connection broken" : "taken back");
+    return s.error ? -1 : 0;
+  }
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf), uint32_t(n), mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = sa.addr;
+  wr.wr.rdma.rkey = sa.rkey;
+  if (post_signaled(s, wr, kSinkWrite) == 0)
+    ++s.wz_writes;
+  else
+    set_error(s, ECONNRESET);
+  // After the write on the same QP: the peer sees the record once the bytes are in place.
+  const uint64_t count = n;
+  bool placed = false;
+  for (int i = 0; i < 2 && !s.error && !placed; ++i)  // a pad first, at most
+    placed = put_record(s, kWrCompl, sa.seq, &count, sizeof count);
+  if (!placed && !s.error) {  // the credits were counted before the claim: never
+    logf("fd %d: no room for WR_COMPL after a claim", s.fd);
+    set_error(s, EIO);
+  }
+  // The buffer is the program's again once the write is complete.
+  while (s.wz_writes && !s.error && s.link.qp) wait_until(s, lk, [&] { return !s.wz_writes; });
+  ibv_dereg_mr(mr);
+  if (s.error || !s.link.qp) return -1;
+  s.stats.zcopy_tx += n;
+  s.stats.wzcopy_tx += n;
+  return ssize_t(n);
+}
+
 }  // namespace
 
 // A socket another thread closed meanwhile: as the kernel answers for a closed descriptor.
@@ -809,17 +950,23 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   if (may_zcopy && thresh == SDP_ZCOPY_AUTO && total >= kAutoMinBytes) choice.emplace(s, total);
   size_t sent = 0;
   if (choice ? choice->zcopy() : may_zcopy && thresh > 0 && total >= size_t(thresh)) {
+    char *buf = static_cast<char *>(iov[0].iov_base);
+    progress(s);  // the peer's offer of a receive buffer comes in an ack
+    ssize_t w = wz_send(s, lk, buf, total);
+    if (w < 0) return s.link.qp ? send_failed(s, 0, flags) : closed_meanwhile();
+    sent = size_t(w);
     bool interrupted = false;
-    ssize_t r = zcopy_send(s, lk, iov[0].iov_base, total, flags, &interrupted);
-    if (r >= 0 && size_t(r) == total && choice) choice->done(total, true);
-    if (r == -1 || size_t(r) == total) return r;
+    ssize_t r = sent < total ? zcopy_send(s, lk, buf + sent, total - sent, flags, &interrupted) : 0;
+    if (r >= 0 && sent + size_t(r) == total && choice) choice->done(total, true);
+    if (r == -1) return sent ? ssize_t(sent) : r;
     if (r >= 0) {
+      sent += size_t(r);
+      if (sent == total) return ssize_t(total);
       if (interrupted) {
-        if (r > 0) return r;
+        if (sent) return ssize_t(sent);
         errno = EINTR;
         return -1;
       }
-      sent = size_t(r);
     }
   }
   IoCursor cur(iov, iovcnt);
@@ -883,15 +1030,10 @@ int rdma_and_wait(Sock &s, SockLock &lk, ibv_wr_opcode op, void *local, size_t l
   wr.opcode = op;
   wr.sg_list = &sge;
   wr.num_sge = 1;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr_id = tag | (s.unsignaled + 1);
   wr.wr.rdma.remote_addr = remote;
   wr.wr.rdma.rkey = rkey;
-  ibv_send_wr *bad = nullptr;
-  int rc = ibv_post_send(s.link.qp, &wr, &bad);
+  int rc = post_signaled(s, wr, tag);
   if (rc == 0) {
-    s.unsignaled = 0;  // this completion stands for them
-    ++s.sq_used;
     ++*pending;
     while (*pending && !s.error && s.link.qp) wait_until(s, lk, [&] { return *pending == 0; });
     rc = !s.link.qp ? EBADF : s.error;  // EBADF: closed by another thread
@@ -938,6 +1080,8 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
       consumed = true;
     } else if (rec.type == kRevert) {
       break;  // the rest comes over TCP
+    } else if (rec.type == kWrCompl && rec.arg == s.sink.seq) {
+      break;  // for the recv of another thread that offered its buffer (sink_resolve)
     } else if (rec.type == kFin) {
       if (total || peek) break;
       s.peer_fin = true;
@@ -994,6 +1138,117 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
   return total;
 }
 
+// Whether the WR_COMPL of SinkAvail `seq` is at the ring's head.
+bool wr_compl_at_head(const Sock &s, uint64_t seq) {
+  if (s.rx_pos >= s.rx_produced || s.rec_off) return false;
+  const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)));
+  return r->type == kWrCompl && r->arg == seq;
+}
+
+// Consumes the WR_COMPL of SinkAvail `seq` at the ring's head: *n, the bytes now in the
+// offered buffer.
+bool take_wr_compl(Sock &s, uint64_t seq, uint64_t *n) {
+  if (!wr_compl_at_head(s, seq)) return false;
+  const uint64_t mask = s.link.ring_bytes - 1;
+  const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & mask));
+  memcpy(n, s.link.ring + ((s.rx_pos + kRound) & mask), sizeof *n);
+  s.rx_pos += kRound + round16(r->len);
+  s.sink = {};
+  s.stats.zcopy_rx += *n;
+  s.stats.wzcopy_rx += *n;
+  maybe_ack(s);
+  return true;
+}
+
+// Takes SinkAvail `seq` back: true, or false when the peer claimed it (its WR_COMPL is on
+// the way). Another thread may have taken it back already.
+bool sink_withdraw(Sock &s, uint64_t seq) {
+  uint64_t expect = seq;
+  if (__atomic_compare_exchange_n(&s.link.page->sink_claim, &expect, seq | kSinkWithdrawn, false,
+                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) ||
+      expect == (seq | kSinkWithdrawn)) {
+    if (s.sink.seq == seq) s.sink = {};
+    return true;
+  }
+  return false;
+}
+
+// After the wait of a recv that offered its buffer (SinkAvail `seq`): the bytes the peer
+// wrote into it, or 0 when the offer was not taken (and is taken back now). The first
+// record after the offer decides: the peer claims only with nothing sent since, and puts
+// WR_COMPL next, with its lock held from the claim.
+uint64_t sink_resolve(Sock &s, SockLock &lk, uint64_t seq) {
+  bool claimed = false;
+  for (;;) {
+    if (s.sink_ended_seq == seq) return s.sink_ended_bytes;  // see sink_end
+    if (!s.link.qp) return 0;
+    progress(s);
+    uint64_t n = 0;
+    if (take_wr_compl(s, seq, &n)) return n;
+    if (!claimed && sink_withdraw(s, seq)) return 0;
+    claimed = true;
+    if (s.error) {  // the peer's write cannot come any more
+      s.sink = {};
+      return 0;
+    }
+    wait_until(s, lk, [&] { return wr_compl_at_head(s, seq); });
+  }
+}
+
+// Whether a blocking recv that is about to wait offers its buffer (Write ZCopy).
+bool sink_may_offer(const Sock &s, const IoCursor &cur, bool peek) {
+  const int thresh = zcopy_threshold(s);
+  return !peek && thresh > 0 && !cur.done() && cur.seg_left() >= size_t(thresh) &&
+         s.state == State::kSdp && !s.tx_tcp && !s.error && s.revert_at == ~0ull &&
+         s.rx_pos == s.rx_produced && link_sink_ok();
+}
+
+// A blocking recv with nothing to deliver: waits as wait_until does, and once the spin is
+// over (data that comes within it is on its way already), offers its buffer (the part `cur`
+// points at) to the peer's sends. *placed: the bytes the peer wrote there.
+int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed) {
+  auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut; };
+  int64_t timeout = s.rcv_timeo_ns;
+  const int64_t spin = int64_t(config().spin_us) * 1000;
+  if (spin > 0) {
+    const bool user_first = timeout > 0 && timeout <= spin;
+    int e = wait_until(s, lk, arrived, user_first ? timeout : spin);
+    if (e != EAGAIN || user_first) return e;
+    if (timeout > 0) timeout -= spin;
+  }
+  if (!sink_may_offer(s, cur, false)) return wait_until(s, lk, arrived, timeout);
+  const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), UINT32_MAX));
+  ibv_mr *mr = reg_user(cur.ptr(), len);
+  if (!mr) return wait_until(s, lk, arrived, timeout);
+  ++s.stats.registrations;
+  ++s.stats.sink_avails;
+  const uint64_t seq = ++s.sink_made;
+  __atomic_store_n(&s.link.page->sink_claim, seq, __ATOMIC_SEQ_CST);
+  s.sink = {seq, reinterpret_cast<uintptr_t>(cur.ptr()), s.rx_produced, mr->rkey, len};
+  s.ack_wanted = true;
+  send_ack(s);
+  int e = wait_until(s, lk, arrived, timeout);
+  *placed = sink_resolve(s, lk, seq);
+  ibv_dereg_mr(mr);
+  return *placed ? 0 : e;
+}
+
+// The link ends (close, hand-back) while a recv of another thread offers its buffer: the
+// offer is taken back, or, when the peer claimed it, its bytes are waited for (1 s at most)
+// and kept for that recv, as read.
+void sink_end(Sock &s, SockLock &lk) {
+  const uint64_t seq = s.sink.seq;
+  if (!seq || !s.link.qp || sink_withdraw(s, seq)) return;
+  wait_until(
+      s, lk, [&] { return wr_compl_at_head(s, seq) || s.sink.seq != seq; }, 1000000000);
+  uint64_t n = 0;
+  if (s.link.qp && s.sink.seq == seq && take_wr_compl(s, seq, &n)) {
+    s.sink_ended_seq = seq;
+    s.sink_ended_bytes = n;
+  }
+  if (s.sink.seq == seq) s.sink = {};
+}
+
 }  // namespace
 
 ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
@@ -1048,8 +1303,14 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
       errno = EAGAIN;
       return -1;
     }
-    int e = wait_until(
-        s, lk, [&] { return s.rx_pos < s.rx_produced || s.rd_shut; }, s.rcv_timeo_ns);
+    size_t placed = 0;
+    int e = sink_may_offer(s, cur, peek)
+                ? sink_wait(s, lk, cur, &placed)
+                : wait_until(
+                      s, lk, [&] { return s.rx_pos < s.rx_produced || s.rd_shut; }, s.rcv_timeo_ns);
+    cur.advance(placed);
+    got += placed;
+    if (placed) continue;
     if (e) {  // EINTR, EAGAIN (SO_RCVTIMEO), EBADF (closed by another thread)
       if (got) return ssize_t(got);
       if (s.state != State::kSdp) return kServedByKernel;
@@ -1295,7 +1556,8 @@ int stream_shutdown(Sock &s, int how) {
 
 bool stream_close(Sock &s) {
   SockLock lk(s.mu);
-  if (!s.link.qp) return false;        // closed already (at exit, or by another descriptor's close)
+  if (!s.link.qp) return false;  // closed already (at exit, or by another descriptor's close)
+  sink_end(s, lk);
   const uint64_t data_end = s.tx_pos;  // what a FIN follows
   if (s.state == State::kSdp && !s.tx_tcp) {
     check_peer(s);
@@ -1328,11 +1590,13 @@ void stream_revert(Sock &s) {
   if (s.state == State::kSdp && !inherited(s)) {
     check_peer(s);
     progress(s);
-    // A READ of the peer's buffer in flight, or a zero-copy send of this side the peer is
-    // reading (other threads), would fail once the QP goes: they end first (1 s at most).
-    if (s.reads_pending || s.zc_waiting)
+    sink_end(s, lk);
+    // A READ of the peer's buffer in flight, a zero-copy send of this side the peer is
+    // reading, or a write into a buffer the peer offered (other threads) would fail once the
+    // QP goes: they end first (1 s at most).
+    if (s.reads_pending || s.zc_waiting || s.wz_writes)
       wait_until(
-          s, lk, [&] { return !s.reads_pending && !s.zc_waiting; }, 1000000000);
+          s, lk, [&] { return !s.reads_pending && !s.zc_waiting && !s.wz_writes; }, 1000000000);
     if (s.tx_tcp) {
       logf("fd %d: both ends handed the connection back; %llu ring bytes unread here are lost",
            s.fd, (unsigned long long)(s.revert_at - s.rx_pos));

@@ -3189,5 +3189,260 @@ TEST(Options, SndTimeoHonoured) {
       draining_server(27));
 }
 
+// ---- 12. Write ZCopy -------------------------------------------------------------------------
+// A blocking recv with nothing to read offers its buffer; a blocking send at or above the
+// threshold that has sent nothing since writes into it. The tests receive with blocking
+// calls (the helpers above use MSG_DONTWAIT, which never offers).
+
+constexpr int kWzThresh = 65536;
+constexpr char kFill = 0x5a;
+
+// One blocking recv (EINTR retried) of up to n bytes.
+size_t recv_blocking(int fd, char *buf, size_t n, int flags = 0) {
+  for (;;) {
+    ssize_t k = recv(fd, buf, n, flags);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) throw_errno("recv", errno);
+    if (k == 0) fail("recv: EOF");
+    return size_t(k);
+  }
+}
+
+// Where buf[from, n) differs from kFill (a write the layer let land after its recv
+// returned), or "".
+std::string fill_broken(const char *buf, size_t from, size_t n) {
+  for (size_t i = from; i < n; ++i)
+    if (buf[i] != kFill) return "byte " + std::to_string(i) + " of the buffer was written";
+  return "";
+}
+
+// The receiver waits in recv before each message is sent: every byte goes by Write ZCopy
+// (the sender sends 100 ms after the receiver says it is about to wait), with MSG_WAITALL
+// and without, and a receive larger than the message.
+TEST(WriteZcopy, AReceiverWaitingFirstHasEachMessageWrittenIntoItsBuffer) {
+  static constexpr size_t kLen = 1 << 20;
+  static constexpr int kRounds = 8;
+  connected(
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        const uint64_t bcopy_before = stats_of(fd).bcopy_tx;  // the settling bytes
+        for (int r = 0; r < kRounds; ++r) {
+          ch.wait();
+          std::this_thread::sleep_for(100ms);
+          send_pattern(fd, 81, uint64_t(r) * kLen, kLen);
+        }
+        ch.wait();
+        const pcientb_sdp_stats st = stats_of(fd);
+        EXPECT_EQ(st.wzcopy_tx, kRounds * kLen) << "sent another way than Write ZCopy";
+        EXPECT_EQ(st.zcopy_tx, kRounds * kLen);
+        EXPECT_EQ(st.bcopy_tx, bcopy_before);
+      },
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        std::vector<char> buf(2 * kLen);
+        for (int r = 0; r < kRounds; ++r) {
+          memset(buf.data(), kFill, buf.size());
+          ch.signal();
+          // Odd rounds: a receive twice the message, returning what came.
+          const bool waitall = r % 2 == 0;
+          size_t k =
+              recv_blocking(fd, buf.data(), waitall ? kLen : 2 * kLen, waitall ? MSG_WAITALL : 0);
+          ASSERT_EQ(k, kLen) << "round " << r;
+          std::string bad = mismatch(81, uint64_t(r) * kLen, buf.data(), kLen);
+          ASSERT_EQ(bad, "") << "round " << r;
+          ASSERT_EQ(fill_broken(buf.data(), kLen, buf.size()), "") << "round " << r;
+        }
+        ch.signal();
+        const pcientb_sdp_stats st = stats_of(fd);
+        EXPECT_EQ(st.wzcopy_rx, kRounds * kLen);
+        EXPECT_GE(st.sink_avails, uint64_t(kRounds));
+      });
+}
+
+// A MSG_WAITALL receive of 4 MiB over four 1 MiB sends: after each WR_COMPL the receiver
+// offers the rest of its buffer, and each send takes it. Then one 3 MiB send to a receiver
+// of 1 MiB at a time: the first MiB is written, the rest goes another way; nothing is lost.
+TEST(WriteZcopy, WaitallOffersTheRestAndABiggerSendFinishesAnotherWay) {
+  static constexpr size_t kMiB = 1 << 20;
+  connected(
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        const uint64_t bcopy_before = stats_of(fd).bcopy_tx;  // the settling bytes
+        ch.wait();
+        for (int r = 0; r < 4; ++r) {
+          std::this_thread::sleep_for(50ms);
+          send_pattern(fd, 82, r * kMiB, kMiB);
+        }
+        ch.wait();
+        EXPECT_EQ(stats_of(fd).wzcopy_tx, 4 * kMiB) << "a send did not take the rest offered";
+        std::this_thread::sleep_for(100ms);
+        send_pattern(fd, 82, 4 * kMiB, 3 * kMiB);
+        ch.wait();
+        const pcientb_sdp_stats st = stats_of(fd);
+        EXPECT_EQ(st.wzcopy_tx, 5 * kMiB) << "the 3 MiB send did not fill the 1 MiB offered";
+        EXPECT_EQ(st.zcopy_tx + st.bcopy_tx - bcopy_before, 7 * kMiB);
+      },
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        std::vector<char> buf(4 * kMiB, kFill);
+        ch.signal();
+        ASSERT_EQ(recv_blocking(fd, buf.data(), buf.size(), MSG_WAITALL), 4 * kMiB);
+        ASSERT_EQ(mismatch(82, 0, buf.data(), 4 * kMiB), "");
+        ch.signal();
+        size_t got = 0;
+        while (got < 3 * kMiB) {
+          size_t k = recv_blocking(fd, buf.data(), kMiB);
+          ASSERT_EQ(mismatch(82, 4 * kMiB + got, buf.data(), k), "") << "at " << got;
+          got += k;
+        }
+        ch.signal();
+        EXPECT_GE(stats_of(fd).wzcopy_rx, 5 * kMiB);
+      });
+}
+
+// A receiver offers its buffer and the sender sends small pieces (BCopy): the offer is
+// taken back, the pieces arrive in that buffer, and nothing is written into it afterwards,
+// not even by a big send that comes later (its offer is stale).
+TEST(WriteZcopy, AnOfferNotTakenIsTakenBackAndNeverWrittenLater) {
+  static constexpr size_t kLen = 1 << 20, kSmall = 1000;
+  connected(
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        ch.wait();
+        std::this_thread::sleep_for(100ms);
+        send_pattern(fd, 83, 0, kSmall);
+        ch.wait();
+        ch.signal();
+        send_pattern(fd, 83, kSmall, kLen);  // while the receiver does not receive
+        ch.wait();
+        EXPECT_EQ(stats_of(fd).wzcopy_tx, 0u);
+      },
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        std::vector<char> old(kLen, kFill), next(kLen);
+        ch.signal();
+        ASSERT_EQ(recv_blocking(fd, old.data(), kLen), kSmall);
+        ASSERT_EQ(mismatch(83, 0, old.data(), kSmall), "");
+        EXPECT_GE(stats_of(fd).sink_avails, 1u) << "the receive did not offer its buffer";
+        ch.signal();
+        ch.wait();
+        std::this_thread::sleep_for(200ms);  // the big send is on its way
+        EXPECT_EQ(fill_broken(old.data(), kSmall, kLen), "") << "a write after the recv returned";
+        expect_pattern(fd, 83, kSmall, kLen);
+        EXPECT_EQ(fill_broken(old.data(), kSmall, kLen), "") << "a write after the recv returned";
+        ch.signal();
+      });
+}
+
+// A recv interrupted by a signal (no SA_RESTART) takes its offer back; the sender, which
+// saw the offer, sends afterwards: its claim fails, the bytes go another way into the next
+// recv, and the interrupted recv's buffer is never written.
+TEST(WriteZcopy, AnInterruptedReceiveTakesItsOfferBack) {
+  static constexpr size_t kLen = 1 << 20;
+  connected(
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        ch.wait();  // the receiver's recv was interrupted
+        send_pattern(fd, 84, 0, kLen);
+        ch.wait();
+        EXPECT_EQ(stats_of(fd).wzcopy_tx, 0u) << "wrote into a withdrawn offer";
+      },
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        struct sigaction sa {
+        }, old{};
+        sa.sa_handler = [](int) {};
+        sigaction(SIGUSR1, &sa, &old);
+        std::vector<char> first(kLen, kFill);
+        ssize_t k = 0;
+        int err = 0;
+        std::thread rx([&] {
+          k = recv(fd, first.data(), kLen, 0);
+          err = errno;
+        });
+        std::this_thread::sleep_for(300ms);  // asleep in recv, its offer made
+        pthread_kill(rx.native_handle(), SIGUSR1);
+        rx.join();
+        sigaction(SIGUSR1, &old, nullptr);
+        ASSERT_EQ(k, -1);
+        ASSERT_EQ(err, EINTR) << strerror(err);
+        EXPECT_GE(stats_of(fd).sink_avails, 1u);
+        ch.signal();
+        expect_pattern(fd, 84, 0, kLen);
+        EXPECT_EQ(fill_broken(first.data(), 0, kLen), "");
+        ch.signal();
+      });
+}
+
+// Signals about every millisecond at a receiver taking 64 x 1 MiB by blocking recv (no
+// SA_RESTART: offers are taken back while the sender claims them): every byte arrives once
+// and in order, and no buffer is written past what its recv returned, then or later.
+TEST(WriteZcopy, SignalsRacingTheClaimsLoseAndCorruptNothing) {
+  static constexpr size_t kLen = 1 << 20;
+  static constexpr int kMsgs = 64;
+  connected(
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        // Pauses of 0-2 ms: the receiver is often waiting, with an offer, when a send comes.
+        for (int r = 0; r < kMsgs; ++r) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(r % 3));
+          send_pattern(fd, 85, uint64_t(r) * kLen, kLen);
+        }
+        ch.wait();
+        RecordProperty("wzcopy_tx", std::to_string(stats_of(fd).wzcopy_tx));
+      },
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        struct sigaction sa {
+        }, old{};
+        sa.sa_handler = [](int) {};
+        sigaction(SIGUSR1, &sa, &old);
+        std::atomic<bool> done{false};
+        const pthread_t me = pthread_self();
+        std::thread killer([&] {
+          while (!done) {
+            pthread_kill(me, SIGUSR1);
+            std::this_thread::sleep_for(1ms);
+          }
+        });
+        std::vector<char> a(kLen), b(kLen);
+        char *bufs[2] = {a.data(), b.data()};
+        char *last = nullptr;
+        size_t last_k = 0, received = 0;
+        int interrupted = 0, cur = 0;
+        std::string bad;
+        while (received < kMsgs * kLen && bad.empty()) {
+          char *buf = bufs[cur];
+          memset(buf, kFill, kLen);
+          ssize_t k = recv(fd, buf, kLen, 0);
+          if (k < 0 && errno == EINTR) {
+            ++interrupted;
+            k = 0;
+          } else if (k <= 0) {
+            bad = std::string("recv: ") + (k == 0 ? "EOF" : strerror(errno));
+            break;
+          } else {
+            bad = mismatch(85, received, buf, size_t(k));
+          }
+          if (bad.empty()) bad = fill_broken(buf, size_t(k), kLen);
+          if (bad.empty() && last) bad = fill_broken(last, last_k, kLen);
+          received += size_t(k);
+          last = buf;
+          last_k = size_t(k);
+          cur ^= 1;
+        }
+        done = true;
+        killer.join();
+        sigaction(SIGUSR1, &old, nullptr);
+        EXPECT_EQ(bad, "") << "after " << received << " bytes";
+        ch.signal();
+        const pcientb_sdp_stats st = stats_of(fd);
+        fprintf(stderr, "receiver: %d recv interrupted, %llu bytes by Write ZCopy, %llu offers\n",
+                interrupted, (unsigned long long)st.wzcopy_rx, (unsigned long long)st.sink_avails);
+        EXPECT_GT(interrupted, 0) << "no recv was interrupted: the test proves nothing";
+        EXPECT_GT(st.wzcopy_rx, 0u) << "no byte went by Write ZCopy: the test proves nothing";
+      });
+}
+
 }  // namespace
 }  // namespace pcientb::test

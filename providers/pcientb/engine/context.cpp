@@ -611,7 +611,9 @@ int Context::query_device(ibv_device_attr_ex *out, size_t attr_size) {
   d.max_qp_rd_atom = kMaxRdAtom;
   d.max_res_rd_atom = kMaxRdAtom * (kMaxQps - 1);
   d.max_qp_init_rd_atom = kMaxRdAtom;
-  d.atomic_cap = IBV_ATOMIC_HCA;
+  // Served at the target with the CPU's atomics on its own memory (serve_atomic): atomic
+  // against that host's CPUs as well as other initiators.
+  d.atomic_cap = IBV_ATOMIC_GLOB;
   d.max_ah = kMaxAhs;
   d.max_srq = kMaxSrqs;
   d.max_srq_wr = kMaxSrqWr - 1;

@@ -38,10 +38,15 @@ struct pcientb_sdp_stats {
   uint32_t reserved;
   uint64_t bcopy_tx; /* payload bytes sent through the peer's receive ring */
   uint64_t bcopy_rx;
-  uint64_t zcopy_tx; /* payload bytes the peer read from this side's buffers */
-  uint64_t zcopy_rx;
+  uint64_t zcopy_tx;      /* payload bytes moved zero copy from this side's buffers (Read and
+                            Write ZCopy) */
+  uint64_t zcopy_rx;      /* ... into this side's buffers */
   uint64_t onesided_tx;   /* bytes written into the peer's exposed window (pcientb_sdp_write) */
   uint64_t registrations; /* buffers this socket registered (zero copy, one-sided, window) */
+  uint64_t wzcopy_tx;     /* of zcopy_tx: written by this side into a buffer the peer's blocking
+                             receive offered (Write ZCopy: SinkAvail, RDMA WRITE, RdmaWrCompl) */
+  uint64_t wzcopy_rx;     /* of zcopy_rx: written by the peer into this side's offered buffers */
+  uint64_t sink_avails;   /* receive buffers this side offered (taken or not) */
 };
 
 /* One-sided writes, in the spirit of rsockets' riomap/riowrite. A program exposes a buffer
