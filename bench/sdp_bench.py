@@ -452,7 +452,12 @@ def summarize(bench, args):
                 moved = sum(s["bcopy_tx"] + s["zcopy_tx"] for s in st)
                 row[f"{leg}_zcopy_share"] = (sum(s["zcopy_tx"] for s in st) / moved
                                              if moved else None)
+                # Of the ZCopy bytes, those written into buffers the receiver offered.
+                zc = sum(s["zcopy_tx"] for s in st)
+                row[f"{leg}_wzcopy_share"] = (sum(s.get("wzcopy_tx", 0) for s in st) / zc
+                                              if zc else None)
             row["zcopy_share"] = row.pop("zcopy_zcopy_share")
+            row["wzcopy_share"] = row.pop("zcopy_wzcopy_share")
             row["auto_x_better"] = ratio(row["auto_MBps"], max(
                 (v for v in (row["bcopy_MBps"], row["zcopy_MBps"]) if v is not None),
                 default=None))
@@ -607,10 +612,10 @@ def markdown(res, meta, traffic, failures):
                           for s, v in res["memcpy_MBps"].items() if s in (64 * KiB, 4 * MiB)),
               ""]
         L.append("| conns | size | BCopy MB/s | ZCopy MB/s | Z / B | ZCopy / memcpy | "
-                 "BCopy CPU s/GB | ZCopy CPU s/GB | Z / B CPU | ZCopy share | auto MB/s | "
-                 "auto / better | auto's ZCopy share |")
+                 "BCopy CPU s/GB | ZCopy CPU s/GB | Z / B CPU | ZCopy share | of it Write ZCopy | "
+                 "auto MB/s | auto / better | auto's ZCopy share |")
         L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                 "| ---: | ---: |")
+                 "| ---: | ---: | ---: |")
         pct = lambda v: "n/a" if v is None else f"{100 * v:.0f}%"  # noqa: E731
         for r in res["zcopy"]:
             L.append(f"| {r['conns']} | {size_label(r['size'])} | {fmt(r['bcopy_MBps'])} | "
@@ -618,7 +623,8 @@ def markdown(res, meta, traffic, failures):
                      f"{fmt(r['zcopy_x_memcpy'], '.2f')}x | "
                      f"{fmt(r['bcopy_cpu_s_per_GB'], '.3g')} | "
                      f"{fmt(r['zcopy_cpu_s_per_GB'], '.3g')} | {fmt(r['cpu_ratio'], '.2f')}x | "
-                     f"{pct(r['zcopy_share'])} | {fmt(r['auto_MBps'])} | "
+                     f"{pct(r['zcopy_share'])} | {pct(r.get('wzcopy_share'))} | "
+                     f"{fmt(r['auto_MBps'])} | "
                      f"{fmt(r['auto_x_better'], '.2f')}x | {pct(r['auto_zcopy_share'])} |")
         L += ["", "Crossover (smallest size from which ZCopy's bandwidth stays >= BCopy's):", ""]
         for conns, c in res["crossover"].items():

@@ -65,6 +65,7 @@ struct SdpStats {
   uint32_t path;  // 0 tcp, 1 sdp, 2 not yet decided
   uint32_t pad;
   uint64_t bcopy_tx, bcopy_rx, zcopy_tx, zcopy_rx;
+  uint64_t onesided_tx, registrations, wzcopy_tx, wzcopy_rx, sink_avails;
 };
 #endif
 
@@ -581,17 +582,18 @@ std::string join_paths(const std::vector<uint32_t> &paths) {
 }
 
 void print_sdp_stats(const std::vector<SdpStats> &v) {
-  uint64_t s[4] = {};
+  uint64_t s[5] = {};
   bool any = false;
   for (const SdpStats &x : v) {
     if (x.path == kPathUnknown) continue;
     any = true;
     s[0] += x.bcopy_tx, s[1] += x.bcopy_rx, s[2] += x.zcopy_tx, s[3] += x.zcopy_rx;
+    s[4] += x.wzcopy_tx;  // of zcopy_tx: written into buffers the receiver offered
   }
   if (any)
     printf(",\"sdp_stats\":{\"bcopy_tx\":%" PRIu64 ",\"bcopy_rx\":%" PRIu64 ",\"zcopy_tx\":%" PRIu64
-           ",\"zcopy_rx\":%" PRIu64 "}",
-           s[0], s[1], s[2], s[3]);
+           ",\"zcopy_rx\":%" PRIu64 ",\"wzcopy_tx\":%" PRIu64 "}",
+           s[0], s[1], s[2], s[3], s[4]);
 }
 
 int run_stream(const ClientOptions &o) {

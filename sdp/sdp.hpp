@@ -395,6 +395,14 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t sink_tried = 0;
   uint32_t claims_pending = 0;  // this side's compare-and-swaps not complete
   uint32_t wz_writes = 0;       // this side's writes into the peer's offered buffer, not complete
+  bool wz_failed = false;       // one of them completed in error
+  // From a claim until its WR_COMPL is placed: nothing else enters the ring (tx_ready,
+  // put_record and append_data say no), while the claimer waits without the lock.
+  bool wz_claiming = false;
+  // The last record with data of the peer's that this side took was zero copy (SrcAvail,
+  // WR_COMPL): its large sends block, and a waiting recv offers its buffer (else a program
+  // of small messages into a big buffer would register it at every wait).
+  bool peer_zcopy = false;
 
   int error = 0;                 // sticky: ECONNRESET/EPIPE once the connection broke
   bool peer_gone = false;        // the kernel socket saw the peer's end

@@ -309,7 +309,10 @@ void progress(Sock &s) {
           s.window_failed = true;
         }
         if (w.wr_id & kClaim) s.claims_pending = 0;
-        if (w.wr_id & kSinkWrite) s.wz_writes = 0;
+        if (w.wr_id & kSinkWrite) {
+          s.wz_writes = 0;
+          s.wz_failed = true;
+        }
         if (w.opcode == IBV_WC_RDMA_READ)
           set_error(s, ECONNRESET);
         else
@@ -488,11 +491,17 @@ void take_revert(Sock &s) {
         s.backlog.append(reinterpret_cast<const char *>(sa.addr) + off, sa.len - off);
       s.peer_zc_done = r.arg;
     } else if (r.type == kWrCompl) {
-      // Written into the buffer the peer offered, which its hand-back should have waited for
-      // and counted as read: those bytes are not in this side's memory any more.
-      logf("fd %d: the peer handed the connection back without taking its offered buffer's bytes",
-           s.fd);
+      // Written into the buffer the peer offered, which its hand-back waits for and counts
+      // as read unless the connection broke: the bytes are not in this side's memory any
+      // more, and the stream over TCP would have a hole. It ends instead.
+      logf(
+          "fd %d: the peer handed the connection back without taking its offered buffer's "
+          "bytes: the connection is reset",
+          s.fd);
+      s.backlog.clear();
+      real().shutdown(s.fd, SHUT_RDWR);
       set_error(s, ECONNRESET);
+      break;
     }
     q = next;
   }
@@ -519,7 +528,7 @@ bool fin_at_head(const Sock &s) {
 // Room for a record of `bytes` (after the FIN reserve), and writes for it beyond an ack's
 // and a FIN's.
 bool tx_ready(const Sock &s, uint64_t bytes) {
-  return data_credit(s) >= bytes && credit_msgs(s) >= 4;
+  return data_credit(s) >= bytes && credit_msgs(s) >= 4 && !s.wz_claiming;
 }
 
 // Waits, with s.mu held through `lk` (released while sleeping), until ready() or the
@@ -689,6 +698,7 @@ bool put_pad(Sock &s, bool fin = false) {
 // (a new one when there is none, it is full, or it would pass the ring's end). Returns the
 // bytes taken (0: credits are short).
 size_t append_data(Sock &s, IoCursor &cur, size_t want) {
+  if (s.wz_claiming) return 0;
   Link &l = s.link;
   const uint64_t R = l.remote.ring_bytes;
   const uint64_t cap = R / 4;  // a record this big is posted: acks must flow back
@@ -729,6 +739,7 @@ size_t append_data(Sock &s, IoCursor &cur, size_t want) {
 // False when credits are short (wait for need_bytes()) or only a pad went. A FIN may use
 // the reserve kept for it.
 bool put_record(Sock &s, uint8_t type, uint64_t arg, const void *payload, size_t len) {
+  if (s.wz_claiming) return false;
   Link &l = s.link;
   const bool fin = type == kFin || type == kRevert;  // they may use the reserve
   const uint64_t R = l.remote.ring_bytes;
@@ -825,82 +836,98 @@ ssize_t zcopy_send(Sock &s, SockLock &lk, void *buf, size_t len, int flags, bool
   return send_failed(s, 0, flags);
 }
 
+// Places the WR_COMPL record of SinkAvail `seq` (a pad before it if needed) in the mirror;
+// its ring bytes were counted before the claim. Returns the ring position after it.
+uint64_t place_wr_compl(Sock &s, uint64_t seq, uint64_t count) {
+  const uint64_t R = s.link.remote.ring_bytes;
+  if (R - (s.tx_pos & (R - 1)) < kWrComplBytes) put_pad(s);
+  char *at = s.link.mirror + (s.tx_pos & (R - 1));
+  *reinterpret_cast<Rec *>(at) = Rec{sizeof count, kWrCompl, 0, 0, seq};
+  memcpy(at + kRound, &count, sizeof count);
+  s.pend_rec = ~0ull;
+  s.tx_pos += kWrComplBytes;
+  return s.tx_pos;
+}
+
 // Write ZCopy, source side: the peer's blocking recv offers a buffer, and this side has
 // sent nothing since the offer (its stream is where the peer's was then). Claims it, writes
-// up to `len` bytes of `buf` into it, and puts the WR_COMPL record. The lock is held from
-// the claim to the record: nothing else of this side enters the stream between. Returns
-// the bytes written (0: not taken, the caller sends them another way), or -1 when the
-// connection broke or was closed meanwhile.
+// up to `len` bytes of `buf` into it, and puts the WR_COMPL record there, with nothing else
+// of this side entering the stream between (wz_claiming). Returns the bytes written (0: not
+// taken, the caller sends them another way), or -1 when the connection broke or was closed
+// meanwhile.
 ssize_t wz_send(Sock &s, SockLock &lk, const void *buf, size_t len) {
   const Sock::SinkAvail sa = s.peer_sink;
-  if (!sa.seq || sa.seq <= s.sink_tried || sa.at != s.tx_pos || !sa.len || s.tx_tcp || s.error)
+  if (!sa.seq || sa.seq <= s.sink_tried || sa.at != s.tx_pos || !sa.len || s.tx_tcp || s.error ||
+      s.wz_claiming)
     return 0;
-  // Room for the record (a pad before it) and the claim's and write's work requests now, so
-  // that nothing waits once the claim is made.
-  if (data_credit(s) < need_bytes(s, kWrComplBytes) || credit_msgs(s) < 8) return 0;
+  // Ring bytes for the record (and a pad before it), and room in the send queue for the
+  // claim and the write.
+  if (data_credit(s) < need_bytes(s, kWrComplBytes) || s.sq_used + 2 >= s.link.send_depth) return 0;
   s.sink_tried = sa.seq;
   const size_t n = std::min<size_t>(len, sa.len);
   ibv_mr *mr = reg_user(const_cast<void *>(buf), n);
   if (!mr) return 0;
   ++s.stats.registrations;
-  Link &l = s.link;
-  volatile uint64_t &result = l.page->claim_result;
-  result = 0;
-  ibv_sge csge{reinterpret_cast<uintptr_t>(&l.page->claim_result), 8, l.ack_mr->lkey};
+  AckPage *page = s.link.page;
+  page->claim_result = 0;
+  ibv_sge csge{reinterpret_cast<uintptr_t>(&page->claim_result), 8, s.link.ack_mr->lkey};
   ibv_send_wr cas{};
   cas.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
   cas.sg_list = &csge;
   cas.num_sge = 1;
-  cas.wr.atomic.remote_addr = l.remote.ack_addr + offsetof(AckPage, sink_claim);
-  cas.wr.atomic.rkey = l.remote.ack_rkey;
+  cas.wr.atomic.remote_addr = s.link.remote.ack_addr + offsetof(AckPage, sink_claim);
+  cas.wr.atomic.rkey = s.link.remote.ack_rkey;
   cas.wr.atomic.compare_add = sa.seq;
   cas.wr.atomic.swap = sa.seq | kSinkTaken;
-  bool claimed = false;
-  if (post_signaled(s, cas, kClaim) == 0) {
-    ++s.claims_pending;
-    // The peer's device answers, not its program: microseconds, and a dead peer is an
-    // error completion. The lock stays held (see above).
-    while (s.claims_pending && !s.error) {
-      progress(s);
-      if (s.claims_pending) sched_yield();
-    }
-    claimed = !s.error && result == sa.seq;
-  } else {
+  if (post_signaled(s, cas, kClaim)) {
     set_error(s, ECONNRESET);
+    ibv_dereg_mr(mr);
+    return -1;
   }
+  ++s.claims_pending;
+  s.wz_claiming = true;
+  // The peer's CPU answers (a target executes atomics): waited for without the lock.
+  while (s.claims_pending && !s.error && s.link.qp)
+    wait_until(s, lk, [&] { return !s.claims_pending; });
+  bool claimed =
+      s.link.qp && !s.error && __atomic_load_n(&page->claim_result, __ATOMIC_ACQUIRE) == sa.seq;
+  uint64_t end = 0;
+  if (claimed) {
+    s.wz_failed = false;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf), uint32_t(n), mr->lkey};
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = sa.addr;
+    wr.wr.rdma.rkey = sa.rkey;
+    if (post_signaled(s, wr, kSinkWrite) == 0)
+      ++s.wz_writes;
+    else
+      set_error(s, ECONNRESET);
+    // After the write on the same QP: the peer sees the record once the bytes are in place.
+    end = place_wr_compl(s, sa.seq, n);
+  }
+  s.wz_claiming = false;
+  kick_sleepers(s);  // senders that waited for the claim
   if (!claimed) {
     ibv_dereg_mr(mr);
+    if (!s.link.qp) return -1;
     logf("fd %d: SinkAvail %llu not claimed (%s)", s.fd, (unsigned long long)sa.seq,
          s.error ? "connection broken" : "taken back");
     return s.error ? -1 : 0;
   }
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buf), uint32_t(n), mr->lkey};
-  ibv_send_wr wr{};
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.wr.rdma.remote_addr = sa.addr;
-  wr.wr.rdma.rkey = sa.rkey;
-  if (post_signaled(s, wr, kSinkWrite) == 0)
-    ++s.wz_writes;
-  else
-    set_error(s, ECONNRESET);
-  // After the write on the same QP: the peer sees the record once the bytes are in place.
-  const uint64_t count = n;
-  bool placed = false;
-  for (int i = 0; i < 2 && !s.error && !placed; ++i)  // a pad first, at most
-    placed = put_record(s, kWrCompl, sa.seq, &count, sizeof count);
-  if (!placed && !s.error) {  // the credits were counted before the claim: never
-    logf("fd %d: no room for WR_COMPL after a claim", s.fd);
-    set_error(s, EIO);
-  }
-  // The buffer is the program's again once the write is complete.
-  while (s.wz_writes && !s.error && s.link.qp) wait_until(s, lk, [&] { return !s.wz_writes; });
+  // Posted as credits allow, and the write complete: the buffer is the program's again.
+  while (!s.error && s.link.qp && (s.wz_writes || s.tx_posted < end))
+    wait_until(s, lk, [&] {
+      flush(s);
+      return !s.wz_writes && s.tx_posted >= end;
+    });
   ibv_dereg_mr(mr);
-  if (s.error || !s.link.qp) return -1;
+  if (!s.link.qp || s.wz_writes || s.wz_failed) return -1;
   s.stats.zcopy_tx += n;
   s.stats.wzcopy_tx += n;
-  return ssize_t(n);
+  return ssize_t(n);  // written, even if the connection broke after
 }
 
 }  // namespace
@@ -1070,6 +1097,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
       if (!peek) {
         s.stats.bcopy_rx += n;
         if (rec.flags & kWantAck) s.ack_wanted = true;
+        s.peer_zcopy = false;
       }
       consumed = off == rec.len;
       if (!consumed) break;  // the caller's buffer is full
@@ -1086,13 +1114,16 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
       if (total || peek) break;
       s.peer_fin = true;
       s.ack_wanted = true;  // a sender lingering after close learns that all was read
+      kick_sleepers(s);     // another thread's receive waits: it returns 0 too
       pos += kRound;
       off = 0;
       break;
     } else if (rec.type == kSrcAvail) {
       SrcAvail sa;
       memcpy(&sa, payload, sizeof sa);
-      if (rec.arg <= s.skip_src_upto) {
+      if (s.reads_pending) {
+        break;  // another thread's receive is reading it (its progress is in rec_off)
+      } else if (rec.arg <= s.skip_src_upto) {
         consumed = true;  // cancelled by the source
       } else if (s.error || (peek && total)) {
         break;
@@ -1113,6 +1144,8 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
         cur.advance(n);
         total += n;
         s.stats.zcopy_rx += n;
+        s.peer_zcopy = true;
+        kick_sleepers(s);  // another thread's receive waited for this READ to end
         off += uint32_t(n);
         if (rec.arg <= s.skip_src_upto) {
           consumed = true;  // cancelled while reading: the answer counted this read
@@ -1138,6 +1171,15 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
   return total;
 }
 
+// Whether a receive can take what the ring's head holds now: not a SrcAvail another
+// thread's receive is reading, nor the WR_COMPL of another thread's offer.
+bool rx_takeable(const Sock &s) {
+  if (s.rx_pos >= s.rx_produced) return false;
+  const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)));
+  return !(r->type == kSrcAvail && s.reads_pending) &&
+         !(r->type == kWrCompl && s.sink.seq && r->arg == s.sink.seq);
+}
+
 // Whether the WR_COMPL of SinkAvail `seq` is at the ring's head.
 bool wr_compl_at_head(const Sock &s, uint64_t seq) {
   if (s.rx_pos >= s.rx_produced || s.rec_off) return false;
@@ -1145,15 +1187,20 @@ bool wr_compl_at_head(const Sock &s, uint64_t seq) {
   return r->type == kWrCompl && r->arg == seq;
 }
 
-// Consumes the WR_COMPL of SinkAvail `seq` at the ring's head: *n, the bytes now in the
-// offered buffer.
+// Consumes the WR_COMPL of SinkAvail `seq` (the open one) at the ring's head: *n, the
+// bytes now in the offered buffer.
 bool take_wr_compl(Sock &s, uint64_t seq, uint64_t *n) {
-  if (!wr_compl_at_head(s, seq)) return false;
+  if (!wr_compl_at_head(s, seq) || s.sink.seq != seq) return false;
   const uint64_t mask = s.link.ring_bytes - 1;
   const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & mask));
   memcpy(n, s.link.ring + ((s.rx_pos + kRound) & mask), sizeof *n);
+  if (*n == 0 || *n > s.sink.len) {
+    set_error(s, EPROTO);
+    return false;
+  }
   s.rx_pos += kRound + round16(r->len);
   s.sink = {};
+  s.peer_zcopy = true;
   s.stats.zcopy_rx += *n;
   s.stats.wzcopy_rx += *n;
   maybe_ack(s);
@@ -1164,13 +1211,11 @@ bool take_wr_compl(Sock &s, uint64_t seq, uint64_t *n) {
 // the way). Another thread may have taken it back already.
 bool sink_withdraw(Sock &s, uint64_t seq) {
   uint64_t expect = seq;
-  if (__atomic_compare_exchange_n(&s.link.page->sink_claim, &expect, seq | kSinkWithdrawn, false,
-                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) ||
-      expect == (seq | kSinkWithdrawn)) {
-    if (s.sink.seq == seq) s.sink = {};
-    return true;
-  }
-  return false;
+  __atomic_compare_exchange_n(&s.link.page->sink_claim, &expect, seq | kSinkWithdrawn, false,
+                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  if (expect == (seq | kSinkTaken)) return false;
+  if (s.sink.seq == seq) s.sink = {};
+  return true;
 }
 
 // After the wait of a recv that offered its buffer (SinkAvail `seq`): the bytes the peer
@@ -1195,19 +1240,20 @@ uint64_t sink_resolve(Sock &s, SockLock &lk, uint64_t seq) {
   }
 }
 
-// Whether a blocking recv that is about to wait offers its buffer (Write ZCopy).
+// Whether a blocking recv that is about to wait offers its buffer (Write ZCopy): one offer
+// at a time per socket, and only to a peer whose large sends are blocking ones.
 bool sink_may_offer(const Sock &s, const IoCursor &cur, bool peek) {
   const int thresh = zcopy_threshold(s);
-  return !peek && thresh > 0 && !cur.done() && cur.seg_left() >= size_t(thresh) &&
+  return !peek && thresh > 0 && !cur.done() && cur.seg_left() >= size_t(thresh) && s.link.qp &&
          s.state == State::kSdp && !s.tx_tcp && !s.error && s.revert_at == ~0ull &&
-         s.rx_pos == s.rx_produced && link_sink_ok();
+         s.rx_pos == s.rx_produced && !s.sink.seq && s.peer_zcopy && link_sink_ok();
 }
 
 // A blocking recv with nothing to deliver: waits as wait_until does, and once the spin is
 // over (data that comes within it is on its way already), offers its buffer (the part `cur`
 // points at) to the peer's sends. *placed: the bytes the peer wrote there.
 int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed) {
-  auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut; };
+  auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
   const int64_t spin = int64_t(config().spin_us) * 1000;
   if (spin > 0) {
@@ -1217,7 +1263,10 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed) {
     if (timeout > 0) timeout -= spin;
   }
   if (!sink_may_offer(s, cur, false)) return wait_until(s, lk, arrived, timeout);
-  const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), UINT32_MAX));
+  // Registering moves pages on the emulated fabric: an offer of a huge buffer is cut (the
+  // rest of a MSG_WAITALL receive is offered again after the first part).
+  constexpr size_t kSinkMax = 8 << 20;
+  const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), kSinkMax));
   ibv_mr *mr = reg_user(cur.ptr(), len);
   if (!mr) return wait_until(s, lk, arrived, timeout);
   ++s.stats.registrations;
@@ -1234,13 +1283,14 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed) {
 }
 
 // The link ends (close, hand-back) while a recv of another thread offers its buffer: the
-// offer is taken back, or, when the peer claimed it, its bytes are waited for (1 s at most)
-// and kept for that recv, as read.
+// offer is taken back, or, when the peer claimed it, its bytes are waited for (the peer
+// holds nothing else back meanwhile; the wait ends if the connection breaks) and kept for
+// that recv, as read.
 void sink_end(Sock &s, SockLock &lk) {
   const uint64_t seq = s.sink.seq;
   if (!seq || !s.link.qp || sink_withdraw(s, seq)) return;
-  wait_until(
-      s, lk, [&] { return wr_compl_at_head(s, seq) || s.sink.seq != seq; }, 1000000000);
+  while (s.link.qp && !s.error && s.sink.seq == seq && !wr_compl_at_head(s, seq))
+    wait_until(s, lk, [&] { return wr_compl_at_head(s, seq) || s.sink.seq != seq; });
   uint64_t n = 0;
   if (s.link.qp && s.sink.seq == seq && take_wr_compl(s, seq, &n)) {
     s.sink_ended_seq = seq;
@@ -1304,12 +1354,14 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
       return -1;
     }
     size_t placed = 0;
-    int e = sink_may_offer(s, cur, peek)
-                ? sink_wait(s, lk, cur, &placed)
-                : wait_until(
-                      s, lk, [&] { return s.rx_pos < s.rx_produced || s.rd_shut; }, s.rcv_timeo_ns);
+    int e =
+        sink_may_offer(s, cur, peek)
+            ? sink_wait(s, lk, cur, &placed)
+            : wait_until(
+                  s, lk, [&] { return rx_takeable(s) || s.rd_shut || s.peer_fin; }, s.rcv_timeo_ns);
     cur.advance(placed);
     got += placed;
+    if (placed && !s.link.qp) return ssize_t(got);  // closed by another thread after
     if (placed) continue;
     if (e) {  // EINTR, EAGAIN (SO_RCVTIMEO), EBADF (closed by another thread)
       if (got) return ssize_t(got);
@@ -1500,7 +1552,8 @@ bool send_control(Sock &s, SockLock &lk, uint8_t type, int wait_ms) {
   const uint64_t end = now_ns() + uint64_t(wait_ms) * 1000000;
   while (!s.error && !s.tx_tcp && now_ns() < end) {
     progress(s);
-    if (credit_bytes(s) >= need_bytes(s, kRound + round16(len)) && credit_msgs(s) >= 2) {
+    if (credit_bytes(s) >= need_bytes(s, kRound + round16(len)) && credit_msgs(s) >= 2 &&
+        !s.wz_claiming) {
       // Where this side is now, taken under the lock with the record.
       const RevertAt at{s.rx_pos, s.rec_off};
       s.force_signal = true;  // the last write: close waits for its completion
@@ -1594,9 +1647,11 @@ void stream_revert(Sock &s) {
     // A READ of the peer's buffer in flight, a zero-copy send of this side the peer is
     // reading, or a write into a buffer the peer offered (other threads) would fail once the
     // QP goes: they end first (1 s at most).
-    if (s.reads_pending || s.zc_waiting || s.wz_writes)
+    if (s.reads_pending || s.zc_waiting || s.wz_writes || s.wz_claiming)
       wait_until(
-          s, lk, [&] { return !s.reads_pending && !s.zc_waiting && !s.wz_writes; }, 1000000000);
+          s, lk,
+          [&] { return !s.reads_pending && !s.zc_waiting && !s.wz_writes && !s.wz_claiming; },
+          1000000000);
     if (s.tx_tcp) {
       logf("fd %d: both ends handed the connection back; %llu ring bytes unread here are lost",
            s.fd, (unsigned long long)(s.revert_at - s.rx_pos));
