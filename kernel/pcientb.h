@@ -30,7 +30,8 @@ int pcientb_areas_init(void);
 void pcientb_areas_exit(void);
 /* The doorbell bit by which a port's module tells the peer's to look at its inbox. */
 #define PCIENTB_DB_BRIDGE 2
-void pcientb_bridge_kick(struct pcientb_ib *dev);
+/* link: a link event (every mask of ours is written again), else the peer's doorbell. */
+void pcientb_bridge_kick(struct pcientb_ib *dev, bool link);
 struct dentry;
 void pcientb_bridge_debugfs(struct pcientb_ib *dev, struct dentry *dir);
 struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb);

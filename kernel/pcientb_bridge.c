@@ -125,6 +125,14 @@ struct pcientb_bridge {
 	u64 peer_regions, peer_masks; /* in `out`, as the peer's inbox said at connect; 0: none */
 	u64 adds_out[LIDS]; /* by the peer's LID: how many times we added its node there */
 	u64 adds_seen[LIDS]; /* by ours: the peer's count as the work item last saw it */
+	/*
+	 * Set when every mask of ours is to be written again: after a link event (a blip that
+	 * neither side saw as down may have dropped posted writes), or a MASK(0) whose flush
+	 * read back another value. Debugfs drop_masks: MASK writes to drop, as such a blip does
+	 * (tests).
+	 */
+	atomic_t remask;
+	atomic_t drop_masks;
 	u32 own_base, peer_base; /* the LIDs of index 0 */
 	atomic64_t ring_out[LIDS]; /* by the peer's LID */
 	u64 ring_seen[LIDS]; /* by ours */
@@ -428,18 +436,27 @@ static bool scan_node(struct pcientb_bridge *b, u32 idx)
  * memory before the read's answer (PCIe ordering: a completion never passes a posted
  * write), so the caller's next look at its lanes finds them. With the bridge's semaphore.
  */
-static void put_mask(struct pcientb_bridge *b, u32 lid, u32 quiet)
+static bool put_mask(struct pcientb_bridge *b, u32 lid, u32 quiet)
 {
 	void __iomem *word;
 
 	if (!b->connected || !b->peer_masks)
-		return;
+		return true;
 	word = b->out + b->peer_masks + lid * sizeof(*b->dev->masks);
-	iowrite32(quiet, word);
+	if (!atomic_add_unless(&b->drop_masks, -1, 0))
+		iowrite32(quiet, word);
 	if (!quiet) {
 		mb(); /* out of the write-combining buffer before the read is issued */
-		ioread32(word);
+		/*
+		 * Not 0: lost (all ones: the read failed), or another MASK of the node since. The
+		 * caller has the work item write the node's word again as it stands.
+		 */
+		if (ioread32(word)) {
+			atomic_set(&b->remask, 1);
+			return false;
+		}
 	}
+	return true;
 }
 
 /*
@@ -466,7 +483,7 @@ static void mask_again(struct pcientb_bridge *b, u32 idx)
 	rmb(); /* the ack was written before the count */
 	if (le64_to_cpu(READ_ONCE(b->in->acks[idx])) == node->nonce) {
 		quiet = READ_ONCE(b->dev->masks[node->lid]);
-		put_mask(b, node->lid, quiet);
+		put_mask(b, node->lid, quiet); /* if lost: again at the work item's next run */
 		if (!quiet)
 			pcientb_node_signal(node);
 	}
@@ -490,6 +507,8 @@ static void bridge_work(struct work_struct *work)
 	connect(b);
 	if (!b->connected)
 		goto out;
+	if (atomic_xchg(&b->remask, 0))
+		memset(b->adds_seen, 0, sizeof(b->adds_seen)); /* mask_again writes each one */
 	for (idx = 0; idx < LIDS; idx++)
 		told |= scan_node(b, idx);
 	for (idx = 0; idx < LIDS; idx++) {
@@ -520,10 +539,13 @@ out:
 }
 
 /* A link event or the peer's doorbell: look at the inbox. Any context. */
-void pcientb_bridge_kick(struct pcientb_ib *dev)
+void pcientb_bridge_kick(struct pcientb_ib *dev, bool link)
 {
-	if (dev->bridge)
-		queue_work(system_highpri_wq, &dev->bridge->work);
+	if (!dev->bridge)
+		return;
+	if (link)
+		atomic_set(&dev->bridge->remask, 1);
+	queue_work(system_highpri_wq, &dev->bridge->work);
 }
 
 /*
@@ -591,7 +613,8 @@ void pcientb_bridge_mask(struct pcientb_ib *dev, u32 lid, u32 quiet)
 	if (!b)
 		return;
 	down_read(&b->sem);
-	put_mask(b, lid, quiet);
+	if (!put_mask(b, lid, quiet))
+		queue_work(system_highpri_wq, &b->work);
 	up_read(&b->sem);
 }
 
@@ -855,8 +878,10 @@ DEFINE_SHOW_ATTRIBUTE(counts);
 /* debugfs `dir`/bridge: the system calls that wrote through the window, by kind. */
 void pcientb_bridge_debugfs(struct pcientb_ib *dev, struct dentry *dir)
 {
-	if (dev->bridge)
-		debugfs_create_file("bridge", 0400, dir, dev->bridge, &counts_fops);
+	if (!dev->bridge)
+		return;
+	debugfs_create_file("bridge", 0400, dir, dev->bridge, &counts_fops);
+	debugfs_create_atomic_t("drop_masks", 0600, dir, &dev->bridge->drop_masks);
 }
 
 /* Before the device registers; without a second window the port reaches no peer's nodes. */

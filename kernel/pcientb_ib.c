@@ -280,7 +280,7 @@ struct pcientb_ib *pcientb_ib_add(struct ntb_dev *ntb)
 	if (rc)
 		goto bridge;
 	dev_info(&ntb->dev, "verbs device %s\n", dev_name(&dev->ibdev.dev));
-	pcientb_bridge_kick(dev); /* the link may be up already */
+	pcientb_bridge_kick(dev, false); /* the link may be up already */
 	return dev;
 
 bridge:
@@ -309,7 +309,7 @@ void pcientb_ib_link_event(struct pcientb_ib *dev)
 	};
 	bool up = port_active(dev);
 
-	pcientb_bridge_kick(dev);
+	pcientb_bridge_kick(dev, true);
 	if (up == dev->active)
 		return;
 	dev->active = up;

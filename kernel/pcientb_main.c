@@ -77,7 +77,7 @@ static void port_db_event(void *ctx, int vector)
 			atomic_inc(&port->db_events[b]);
 	ntb_db_clear(port->ntb, bits);
 	if (bits & BIT_ULL(PCIENTB_DB_BRIDGE) && port->ib)
-		pcientb_bridge_kick(port->ib);
+		pcientb_bridge_kick(port->ib, false);
 	/* A driver with a level-triggered interrupt masks what it reports until then. */
 	ntb_db_clear_mask(port->ntb, bits);
 	wake_up_all(&port->wq);

@@ -141,6 +141,10 @@ step ended
 echo 1 > $beat
 link "after heartbeat" up
 touch $flap.up
+# Then a MASK(0) of port 0's that its bridge drops on the way, as a link blip would.
+step remask
+echo 1 > /sys/kernel/debug/pcientb/$first/drop_masks
+touch $flap.dropped
 wait $check_flap
 host $CHECK devices 2
 # With a context open on a device: rmmod does not wait for it.
@@ -227,6 +231,8 @@ def check(lines):
             problems.append(f"pcientb-stat on kernel:{dev}: {nodes}")
     if "mask flap ok" not in verbs:
         problems.append("a node's mask over a link flap seen by one side: no 'mask flap ok'")
+    if "mask lost ok" not in verbs:
+        problems.append("a MASK(0) write lost on its way: no 'mask lost ok'")
     if [v for v in verbs if v == "bridge ok"] != ["bridge ok", "bridge ok"]:
         problems.append("the nodes of the two ports did not reach each other, before and after")
     if [v for v in verbs if v.startswith("devices ")] != ["devices 2", "devices 2"]:
