@@ -104,7 +104,8 @@ uint64_t credit_msgs(const Sock &s) {
   const uint64_t peer = s.link.remote.recv_depth - (s.tx_msgs - s.peer_polled);
   // The send queue needs room too: its WRs are freed as their completions are polled, which
   // can come after the peer's ack of the messages (their answers still on the way).
-  const uint64_t sq = s.link.send_depth > s.sq_used ? s.link.send_depth - s.sq_used : 0;
+  uint64_t sq = s.link.send_depth > s.sq_used ? s.link.send_depth - s.sq_used : 0;
+  if (s.wz_claiming) sq -= std::min<uint64_t>(sq, 1);  // the claim's write goes next
   return std::min(peer, sq);
 }
 // Data (and zero-copy advertisements) leave room for a FIN and a REVERT, so that close never
@@ -537,6 +538,7 @@ bool tx_ready(const Sock &s, uint64_t bytes) {
 // closed the socket meanwhile (or it went back to TCP: the caller looks at s.state).
 template <class Ready>
 int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
+  if (!s.link.qp) return EBADF;
   flush(s);
   const uint64_t start = now_ns();
   const uint64_t spin_end = start + uint64_t(config().spin_us) * 1000;
@@ -901,12 +903,16 @@ ssize_t wz_send(Sock &s, SockLock &lk, const void *buf, size_t len) {
     wr.num_sge = 1;
     wr.wr.rdma.remote_addr = sa.addr;
     wr.wr.rdma.rkey = sa.rkey;
-    if (post_signaled(s, wr, kSinkWrite) == 0)
+    if (post_signaled(s, wr, kSinkWrite) == 0) {
       ++s.wz_writes;
-    else
+      // After the write on the same QP: the peer sees the record once the bytes are in place.
+      end = place_wr_compl(s, sa.seq, n);
+    } else {
+      // No record for bytes that were not written; the peer, waiting for one, learns of the
+      // end from the TCP socket.
       set_error(s, ECONNRESET);
-    // After the write on the same QP: the peer sees the record once the bytes are in place.
-    end = place_wr_compl(s, sa.seq, n);
+      real().shutdown(s.fd, SHUT_RDWR);
+    }
   }
   s.wz_claiming = false;
   kick_sleepers(s);  // senders that waited for the claim
@@ -1079,6 +1085,10 @@ ssize_t zcopy_read(Sock &s, SockLock &lk, const SrcAvail &sa, uint32_t off, char
 
 // Delivers what the ring holds into `cur` (without consuming it when peek). Returns bytes.
 size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
+  // Another thread's receive is in a READ, with its position in its own hands: nothing to
+  // take until it has stored it.
+  if (s.rx_busy) return 0;
+  bool busy = false;  // this call's READ made it so
   Link &l = s.link;
   const uint64_t mask = l.ring_bytes - 1;
   uint64_t pos = s.rx_pos;
@@ -1097,7 +1107,10 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
       if (!peek) {
         s.stats.bcopy_rx += n;
         if (rec.flags & kWantAck) s.ack_wanted = true;
-        s.peer_zcopy = false;
+        // A large send that went BCopy (non-blocking): no offer for such a peer. A small
+        // header before a large payload does not count.
+        const int thresh = zcopy_threshold(s);
+        if (thresh > 0 && rec.len >= uint32_t(thresh)) s.peer_zcopy = false;
       }
       consumed = off == rec.len;
       if (!consumed) break;  // the caller's buffer is full
@@ -1121,15 +1134,14 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
     } else if (rec.type == kSrcAvail) {
       SrcAvail sa;
       memcpy(&sa, payload, sizeof sa);
-      if (s.reads_pending) {
-        break;  // another thread's receive is reading it (its progress is in rec_off)
-      } else if (rec.arg <= s.skip_src_upto) {
+      if (rec.arg <= s.skip_src_upto) {
         consumed = true;  // cancelled by the source
       } else if (s.error || (peek && total)) {
         break;
       } else if (peek) {
         // Read it where it would go, and leave the advertisement as it is.
         size_t n = std::min<size_t>(sa.len - off, cur.seg_left());
+        s.rx_busy = busy = true;
         if (zcopy_read(s, lk, sa, off, cur.ptr(), n) == ssize_t(n)) total += n;
         break;
       } else {
@@ -1137,6 +1149,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
         // Counted as read before the READ: a cancel answered meanwhile must include it.
         s.rx_pos = pos;
         s.rec_off = off + uint32_t(n);
+        s.rx_busy = busy = true;
         if (zcopy_read(s, lk, sa, off, cur.ptr(), n) < 0) {
           s.rec_off = off;
           break;
@@ -1145,7 +1158,6 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
         total += n;
         s.stats.zcopy_rx += n;
         s.peer_zcopy = true;
-        kick_sleepers(s);  // another thread's receive waited for this READ to end
         off += uint32_t(n);
         if (rec.arg <= s.skip_src_upto) {
           consumed = true;  // cancelled while reading: the answer counted this read
@@ -1168,16 +1180,19 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
     s.rec_off = off;
     maybe_ack(s);
   }
+  if (busy) {
+    s.rx_busy = false;
+    kick_sleepers(s);  // another thread's receive waited for this one
+  }
   return total;
 }
 
-// Whether a receive can take what the ring's head holds now: not a SrcAvail another
-// thread's receive is reading, nor the WR_COMPL of another thread's offer.
+// Whether a receive can take what the ring's head holds now: not while another thread's
+// receive is in a READ (rx_busy), nor the WR_COMPL of another thread's offer.
 bool rx_takeable(const Sock &s) {
-  if (s.rx_pos >= s.rx_produced) return false;
+  if (s.rx_pos >= s.rx_produced || s.rx_busy || !s.link.ring) return false;
   const Rec *r = reinterpret_cast<const Rec *>(s.link.ring + (s.rx_pos & (s.link.ring_bytes - 1)));
-  return !(r->type == kSrcAvail && s.reads_pending) &&
-         !(r->type == kWrCompl && s.sink.seq && r->arg == s.sink.seq);
+  return !(r->type == kWrCompl && s.sink.seq && r->arg == s.sink.seq);
 }
 
 // Whether the WR_COMPL of SinkAvail `seq` is at the ring's head.
@@ -1201,6 +1216,7 @@ bool take_wr_compl(Sock &s, uint64_t seq, uint64_t *n) {
   s.rx_pos += kRound + round16(r->len);
   s.sink = {};
   s.peer_zcopy = true;
+  kick_sleepers(s);  // another thread's receive waited behind this record
   s.stats.zcopy_rx += *n;
   s.stats.wzcopy_rx += *n;
   maybe_ack(s);
@@ -1230,7 +1246,10 @@ uint64_t sink_resolve(Sock &s, SockLock &lk, uint64_t seq) {
     progress(s);
     uint64_t n = 0;
     if (take_wr_compl(s, seq, &n)) return n;
-    if (!claimed && sink_withdraw(s, seq)) return 0;
+    if (!claimed && sink_withdraw(s, seq)) {
+      kick_sleepers(s);  // another receive may take what came instead
+      return 0;
+    }
     claimed = true;
     if (s.error) {  // the peer's write cannot come any more
       s.sink = {};
@@ -1289,8 +1308,18 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed) {
 void sink_end(Sock &s, SockLock &lk) {
   const uint64_t seq = s.sink.seq;
   if (!seq || !s.link.qp || sink_withdraw(s, seq)) return;
-  while (s.link.qp && !s.error && s.sink.seq == seq && !wr_compl_at_head(s, seq))
-    wait_until(s, lk, [&] { return wr_compl_at_head(s, seq) || s.sink.seq != seq; });
+  const uint64_t end = now_ns() + 5000000000ull;
+  while (s.link.qp && !s.error && s.sink.seq == seq && !wr_compl_at_head(s, seq) && now_ns() < end)
+    wait_until(
+        s, lk, [&] { return wr_compl_at_head(s, seq) || s.sink.seq != seq; }, 100000000);
+  if (s.link.qp && !s.error && s.sink.seq == seq && !wr_compl_at_head(s, seq)) {
+    // The claimer is stopped or gone quiet: the buffer's bytes are not known, and the
+    // connection ends rather than go on without them.
+    logf("fd %d: the peer claimed SinkAvail %llu and wrote nothing in 5 s: reset", s.fd,
+         (unsigned long long)seq);
+    set_error(s, ECONNRESET);
+    real().shutdown(s.fd, SHUT_RDWR);
+  }
   uint64_t n = 0;
   if (s.link.qp && s.sink.seq == seq && take_wr_compl(s, seq, &n)) {
     s.sink_ended_seq = seq;
@@ -1317,6 +1346,10 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     progress(s);
     size_t n = deliver(s, lk, cur, peek);
     got += n;
+    if (!s.link.qp) {  // closed by another thread during a READ
+      if (got) return ssize_t(got);
+      return s.state == State::kSdp ? closed_meanwhile() : kServedByKernel;
+    }
     if (got == want || (got && !(flags & MSG_WAITALL)) || (got && peek)) return ssize_t(got);
     if (s.peer_fin || want == 0 || (peek && fin_at_head(s))) return ssize_t(got);
     if (revert_at_head(s)) {
@@ -1479,7 +1512,8 @@ int stream_write_window(Sock &s, const void *addr, uint64_t len, uint64_t offset
   }
   const bool block = !s.nonblocking;
   auto can_write = [&] {
-    return s.peer_win_len && s.tx_posted == s.tx_pos && s.sq_used + 2 < s.link.send_depth;
+    return s.peer_win_len && s.tx_posted == s.tx_pos && s.sq_used + 2 < s.link.send_depth &&
+           !s.wz_claiming;
   };
   for (;;) {
     progress(s);
@@ -1611,6 +1645,9 @@ bool stream_close(Sock &s) {
   SockLock lk(s.mu);
   if (!s.link.qp) return false;  // closed already (at exit, or by another descriptor's close)
   sink_end(s, lk);
+  // A claim of another thread's send in flight: its WR_COMPL goes before the FIN.
+  while (s.wz_claiming && s.link.qp && !s.error) wait_until(s, lk, [&] { return !s.wz_claiming; });
+  if (!s.link.qp) return false;
   const uint64_t data_end = s.tx_pos;  // what a FIN follows
   if (s.state == State::kSdp && !s.tx_tcp) {
     check_peer(s);
@@ -1644,6 +1681,8 @@ void stream_revert(Sock &s) {
     check_peer(s);
     progress(s);
     sink_end(s, lk);
+    while (s.wz_claiming && s.link.qp && !s.error)
+      wait_until(s, lk, [&] { return !s.wz_claiming; });
     // A READ of the peer's buffer in flight, a zero-copy send of this side the peer is
     // reading, or a write into a buffer the peer offered (other threads) would fail once the
     // QP goes: they end first (1 s at most).

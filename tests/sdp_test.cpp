@@ -3462,12 +3462,12 @@ TEST(WriteZcopy, SignalsRacingTheClaimsLoseAndCorruptNothing) {
       });
 }
 
-// Two threads in blocking recv on one socket (one offer at a time: the other waits
-// without one), 32 x 1 MiB sent with pauses: every byte arrives once (sums of the bytes
-// match), and both end at EOF.
+// Two threads in blocking recv of 1 MiB on one socket (one offer at a time: the other waits
+// without one), 16 x 3 MiB sent with pauses (each read in parts, by both threads): every
+// byte arrives once (sums of the bytes match), and both end at EOF.
 TEST(WriteZcopy, TwoReceivingThreadsShareTheSocketWithoutLossOrHang) {
-  static constexpr size_t kLen = 1 << 20;
-  static constexpr int kMsgs = 32;
+  static constexpr size_t kLen = 3 << 20, kRecv = 1 << 20;
+  static constexpr int kMsgs = 16;
   connected(
       [](Channel &ch, int fd) {
         set_zcopy_thresh(fd, kWzThresh);
@@ -3485,9 +3485,9 @@ TEST(WriteZcopy, TwoReceivingThreadsShareTheSocketWithoutLossOrHang) {
         std::atomic<uint64_t> bytes{0}, sum{0};
         std::atomic<int> errors{0};
         auto reader = [&] {
-          std::vector<char> buf(kLen);
+          std::vector<char> buf(kRecv);
           for (;;) {
-            ssize_t k = recv(fd, buf.data(), kLen, 0);
+            ssize_t k = recv(fd, buf.data(), kRecv, 0);
             if (k < 0 && errno == EINTR) continue;
             if (k <= 0) {
               if (k < 0) ++errors;
