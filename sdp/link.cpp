@@ -187,7 +187,9 @@ Device *device() {
   ibv_device_attr da{};
   if (ibv_query_device(dev->ctx, &da) == 0) {
     dev->atomics = da.atomic_cap != IBV_ATOMIC_NONE;
-    dev->atomics_glob = da.atomic_cap == IBV_ATOMIC_GLOB;
+    // A pcientb device (the only kind picked above) says HCA for UCX's sake; its atomics
+    // are atomic with the CPU's in fact (PCIENTB_ATOMICS_WITH_CPU, pcientb.h).
+    dev->atomics_glob = da.atomic_cap == IBV_ATOMIC_GLOB || da.atomic_cap == IBV_ATOMIC_HCA;
   }
   dev->cq_pending = reinterpret_cast<int (*)(ibv_cq *)>(provider_symbol("pcientb_cq_pending"));
   dev->lid = pa.lid;

@@ -612,8 +612,10 @@ int Context::query_device(ibv_device_attr_ex *out, size_t attr_size) {
   d.max_res_rd_atom = kMaxRdAtom * (kMaxQps - 1);
   d.max_qp_init_rd_atom = kMaxRdAtom;
   // Served at the target with the CPU's atomics on its own memory (serve_atomic): atomic
-  // against that host's CPUs as well as other initiators.
-  d.atomic_cap = IBV_ATOMIC_GLOB;
+  // against that host's CPUs as well as other initiators, which is IBV_ATOMIC_GLOB; but UCX
+  // 1.13 takes only IBV_ATOMIC_HCA as "has atomics" (its rc_verbs atomics fail on GLOB), so
+  // HCA is what the device says, and pcientb.h states the rest.
+  d.atomic_cap = IBV_ATOMIC_HCA;
   d.max_ah = kMaxAhs;
   d.max_srq = kMaxSrqs;
   d.max_srq_wr = kMaxSrqWr - 1;

@@ -23,6 +23,12 @@ extern "C" {
 struct ibv_device **pcientb_emu_device_list(int *num);
 void pcientb_put_device(struct ibv_device *dev);
 
+/* A pcientb device reports IBV_ATOMIC_HCA (UCX 1.13 takes no other value as "has
+ * atomics"), but its atomics are executed by the target host's CPU on its own
+ * memory: they are atomic with that CPU's atomic instructions too, as
+ * IBV_ATOMIC_GLOB promises. The SDP layer relies on it (Write ZCopy). */
+#define PCIENTB_ATOMICS_WITH_CPU 1
+
 /* Whether an object belongs to this provider. */
 int pcientb_owns_device(struct ibv_device *dev);
 int pcientb_owns_context(struct ibv_context *ctx);
