@@ -48,8 +48,9 @@ struct Device {
   uint16_t lid = 0;
   ibv_mtu mtu = IBV_MTU_4096;
   uint8_t gid[16]{};
-  bool atomics = false;       // remote atomics at all
-  bool atomics_glob = false;  // ... atomic with the CPU's too
+  // Remote atomics; on a pcientb device (the only kind picked below) they are atomic with
+  // the CPU's too, though it says HCA for UCX's sake (PCIENTB_ATOMICS_WITH_CPU, pcientb.h).
+  bool atomics = false;
   int err = 0;
 };
 
@@ -187,9 +188,6 @@ Device *device() {
   ibv_device_attr da{};
   if (ibv_query_device(dev->ctx, &da) == 0) {
     dev->atomics = da.atomic_cap != IBV_ATOMIC_NONE;
-    // A pcientb device (the only kind picked above) says HCA for UCX's sake; its atomics
-    // are atomic with the CPU's in fact (PCIENTB_ATOMICS_WITH_CPU, pcientb.h).
-    dev->atomics_glob = da.atomic_cap == IBV_ATOMIC_GLOB || da.atomic_cap == IBV_ATOMIC_HCA;
   }
   dev->cq_pending = reinterpret_cast<int (*)(ibv_cq *)>(provider_symbol("pcientb_cq_pending"));
   dev->lid = pa.lid;
@@ -459,7 +457,7 @@ void link_destroy(Link &l) {
 
 bool link_sink_ok() {
   Device *d = device();
-  return d && d->atomics_glob;
+  return d && d->atomics;
 }
 
 ibv_mr *reg_user(void *addr, size_t len) {

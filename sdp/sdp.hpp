@@ -150,7 +150,7 @@ void link_drain_channel(int channel_fd);
 // Whether the link's inbox holds completions, without a lock (true if it has none yet).
 bool link_has_news(const Link &link);
 // Whether this side may offer its receive buffers (Write ZCopy): the device's atomics are
-// atomic with the CPU's (IBV_ATOMIC_GLOB, or a pcientb device's HCA: see link.cpp), so
+// atomic with the CPU's (a pcientb device's are, whatever it says: see link.cpp), so
 // taking an offer back by a local compare-and-swap races fairly with the sender's claim.
 bool link_sink_ok();
 // Registers user memory for one zero-copy transfer (the provider caches what it moved, so
