@@ -17,7 +17,8 @@
 
 set -euo pipefail
 
-# Every Debian package the project builds, tests or benchmarks with.
+# Every Debian package the project builds, tests or benchmarks with (gdb: tests print the
+# stacks of a process that hangs).
 PACKAGES=(
   build-essential g++ cmake ninja-build pkg-config binutils git python3
   libibverbs-dev ibverbs-utils ibverbs-providers rdma-core
@@ -28,7 +29,7 @@ PACKAGES=(
   nginx memcached libmemcached-tools apache2-utils
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-tidy shellcheck clang libclang-rt-14-dev
-  dpkg-dev file fakeroot
+  dpkg-dev file fakeroot gdb
   libcli11-dev libfmt-dev groff-base
   linux-headers-amd64 linux-image-amd64 qemu-system-x86 busybox-static cpio kmod dkms
 )

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -90,6 +91,32 @@ std::vector<char> pattern(uint64_t seed, uint64_t pos, size_t n) {
   std::vector<char> v(n);
   pattern(seed, pos, v.data(), n);
   return v;
+}
+
+// What a process that does not finish is doing, for a failure message: its state, its
+// system call and kernel wait, and every thread's stack when gdb is at hand (a hang seen
+// once in hundreds of runs must explain itself the first time).
+std::string stuck_process(pid_t pid) {
+  std::string out;
+  for (const char *what : {"stat", "syscall", "wchan"}) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/%s", int(pid), what);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) close(fd);
+    out += std::string(what) + ": " + (n > 0 ? std::string(buf, size_t(n)) : "?") + "\n";
+  }
+  char cmd[256];
+  snprintf(cmd, sizeof cmd,
+           "command -v gdb >/dev/null && env -u LD_PRELOAD timeout 30 gdb -batch -nx -p %d "
+           "-ex 'thread apply all bt' 2>&1 | grep -E '^(Thread|#)'",
+           int(pid));
+  if (FILE *f = popen(cmd, "r")) {
+    char line[512];
+    while (fgets(line, sizeof line, f)) out += line;
+    pclose(f);
+  }
+  return out;
 }
 
 // "" when buf holds bytes [pos, pos+n) of stream `seed`, else where it first differs.
@@ -2391,6 +2418,8 @@ TEST(Fork, ForksWhileAnotherThreadUsesTheLayerLeaveEachChildItsSocketCalls) {
           const auto end = Clock::now() + 5s;
           while (waitpid(pid, &status, WNOHANG) == 0) {
             if (Clock::now() > end) {
+              ADD_FAILURE() << "child " << pid << " of fork " << i << " hung:\n"
+                            << stuck_process(pid);
               kill(pid, SIGKILL);
               waitpid(pid, &status, 0);
               ++hung;
