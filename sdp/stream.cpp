@@ -1054,10 +1054,13 @@ namespace {
 // peer's memory at (remote, rkey), and waits until it completed (counted in *pending; the
 // completion is told apart by `tag` in its wr_id). 0, or an errno.
 int rdma_and_wait(Sock &s, SockLock &lk, ibv_wr_opcode op, void *local, size_t len, uint64_t remote,
-                  uint32_t rkey, uint64_t tag, uint32_t *pending) {
-  ibv_mr *mr = reg_user(local, len);
+                  uint32_t rkey, uint64_t tag, uint32_t *pending, ibv_mr *held = nullptr) {
+  const auto a = reinterpret_cast<uintptr_t>(local);
+  const auto h = held ? reinterpret_cast<uintptr_t>(held->addr) : 0;
+  const bool reuse = held && a >= h && a + len <= h + held->length;
+  ibv_mr *mr = reuse ? held : reg_user(local, len);
   if (!mr) return ENOMEM;
-  ++s.stats.registrations;
+  if (!reuse) ++s.stats.registrations;
   ibv_sge sge{reinterpret_cast<uintptr_t>(local), uint32_t(len), mr->lkey};
   ibv_send_wr wr{};
   wr.opcode = op;
@@ -1071,20 +1074,23 @@ int rdma_and_wait(Sock &s, SockLock &lk, ibv_wr_opcode op, void *local, size_t l
     while (*pending && !s.error && s.link.qp) wait_until(s, lk, [&] { return *pending == 0; });
     rc = !s.link.qp ? EBADF : s.error;  // EBADF: closed by another thread
   }
-  ibv_dereg_mr(mr);
+  if (!reuse) ibv_dereg_mr(mr);
   return rc;
 }
 
-// RDMA-READs up to `n` bytes of the SrcAvail at the ring's head into `dst`.
-ssize_t zcopy_read(Sock &s, SockLock &lk, const SrcAvail &sa, uint32_t off, char *dst, size_t n) {
-  int rc =
-      rdma_and_wait(s, lk, IBV_WR_RDMA_READ, dst, n, sa.addr + off, sa.rkey, 0, &s.reads_pending);
+// RDMA-READs up to `n` bytes of the SrcAvail at the ring's head into `dst` (through `held`
+// when it covers them).
+ssize_t zcopy_read(Sock &s, SockLock &lk, const SrcAvail &sa, uint32_t off, char *dst, size_t n,
+                   ibv_mr *held = nullptr) {
+  int rc = rdma_and_wait(s, lk, IBV_WR_RDMA_READ, dst, n, sa.addr + off, sa.rkey, 0,
+                         &s.reads_pending, held);
   if (rc && rc != EBADF) set_error(s, rc);
   return rc ? -1 : ssize_t(n);
 }
 
 // Delivers what the ring holds into `cur` (without consuming it when peek). Returns bytes.
-size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
+// `held`: a registration of the caller's buffer a READ may use (see RecvMr).
+size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek, ibv_mr *held = nullptr) {
   // Another thread's receive is in a READ, with its position in its own hands: nothing to
   // take until it has stored it.
   if (s.rx_busy) return 0;
@@ -1150,7 +1156,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek) {
         s.rx_pos = pos;
         s.rec_off = off + uint32_t(n);
         s.rx_busy = busy = true;
-        if (zcopy_read(s, lk, sa, off, cur.ptr(), n) < 0) {
+        if (zcopy_read(s, lk, sa, off, cur.ptr(), n, held) < 0) {
           s.rec_off = off;
           break;
         }
@@ -1268,10 +1274,29 @@ bool sink_may_offer(const Sock &s, const IoCursor &cur, bool peek) {
          s.rx_pos == s.rx_produced && !s.sink.seq && s.peer_zcopy && link_sink_ok();
 }
 
+// The registration of a recv's buffer that its offer made: when the peer did not take the
+// offer (in a stream its SrcAvail is usually on its way), the READ of that SrcAvail into
+// the same buffer uses it, instead of registering the buffer again on its critical path.
+// Held for one recv call only (the program may free the buffer after it); released after
+// the call set its errno.
+struct RecvMr {
+  ibv_mr *mr = nullptr;
+  void hold(ibv_mr *m) {
+    if (mr) {
+      const int e = errno;
+      ibv_dereg_mr(mr);
+      errno = e;
+    }
+    mr = m;
+  }
+  ~RecvMr() { hold(nullptr); }
+};
+
 // A blocking recv with nothing to deliver: waits as wait_until does, and once the spin is
 // over (data that comes within it is on its way already), offers its buffer (the part `cur`
-// points at) to the peer's sends. *placed: the bytes the peer wrote there.
-int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed) {
+// points at) to the peer's sends. *placed: the bytes the peer wrote there. An offer not
+// taken leaves its registration in `keep`.
+int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep) {
   auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
   const int64_t spin = int64_t(config().spin_us) * 1000;
@@ -1297,7 +1322,7 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed) {
   send_ack(s);
   int e = wait_until(s, lk, arrived, timeout);
   *placed = sink_resolve(s, lk, seq);
-  ibv_dereg_mr(mr);
+  keep.hold(mr);
   return *placed ? 0 : e;
 }
 
@@ -1339,12 +1364,13 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
   const size_t want = iov_total(iov, iovcnt);
   IoCursor cur(iov, iovcnt);
   size_t got = 0;
-  flush(s);  // a request waiting to coalesce goes before its answer is awaited
+  RecvMr held;  // released (with the lock still held) when the call returns
+  flush(s);     // a request waiting to coalesce goes before its answer is awaited
   s.burst = 0;
   for (;;) {
     if (s.rd_shut) return ssize_t(got);
     progress(s);
-    size_t n = deliver(s, lk, cur, peek);
+    size_t n = deliver(s, lk, cur, peek, held.mr);
     got += n;
     if (!s.link.qp) {  // closed by another thread during a READ
       if (got) return ssize_t(got);
@@ -1389,7 +1415,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     size_t placed = 0;
     int e =
         sink_may_offer(s, cur, peek)
-            ? sink_wait(s, lk, cur, &placed)
+            ? sink_wait(s, lk, cur, &placed, held)
             : wait_until(
                   s, lk, [&] { return rx_takeable(s) || s.rd_shut || s.peer_fin; }, s.rcv_timeo_ns);
     cur.advance(placed);

@@ -3380,6 +3380,57 @@ TEST(WriteZcopy, AnOfferNotTakenIsTakenBackAndNeverWrittenLater) {
       });
 }
 
+// An offer the sender could not take (it sent a small message after the offer, so its
+// large one goes by Read ZCopy) lends its registration to the READ into the same buffer:
+// each registration of the receive is an offer's, none is the READ's own.
+TEST(WriteZcopy, AnOfferNotTakenLendsItsRegistrationToTheReadThatFollows) {
+  static constexpr size_t kLen = 1 << 20, kSmall = 1000;
+  static constexpr int kRounds = 12;
+  connected(
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        prime_sender(fd);
+        // One buffer, registered once: the large send follows the small one within
+        // microseconds, before the receiver offers the rest of its buffer.
+        std::vector<char> small(kSmall), large(kLen);
+        for (int i = 0; i < kRounds; ++i) {
+          const uint64_t at = uint64_t(i) * (kSmall + kLen);
+          pattern(85, at, small.data(), kSmall);
+          pattern(85, at + kSmall, large.data(), kLen);
+          ch.wait();  // the receiver is in its recv: its offer comes within the wait
+          std::this_thread::sleep_for(100ms);
+          send_all(fd, small.data(), kSmall);
+          send_all(fd, large.data(), kLen);
+        }
+        ch.wait();
+      },
+      [](Channel &ch, int fd) {
+        set_zcopy_thresh(fd, kWzThresh);
+        prime_receiver(fd);
+        std::vector<char> buf(kSmall + kLen);
+        uint64_t read_rounds = 0;
+        for (int i = 0; i < kRounds; ++i) {
+          const uint64_t at = uint64_t(i) * (kSmall + kLen);
+          const pcientb_sdp_stats before = stats_of(fd);
+          ch.signal();
+          ASSERT_EQ(recv_blocking(fd, buf.data(), buf.size(), MSG_WAITALL), buf.size());
+          ASSERT_EQ(mismatch(85, at, buf.data(), buf.size()), "");
+          const pcientb_sdp_stats after = stats_of(fd);
+          const uint64_t offers = after.sink_avails - before.sink_avails;
+          const uint64_t read =
+              (after.zcopy_rx - before.zcopy_rx) - (after.wzcopy_rx - before.wzcopy_rx);
+          EXPECT_GE(offers, 1u) << "round " << i << ": the receive did not offer its buffer";
+          EXPECT_EQ(after.registrations - before.registrations, offers)
+              << "round " << i << ": a READ of " << read << " bytes registered the buffer again";
+          read_rounds += read > 0;
+        }
+        // The large send claims an offer only when the receiver offered the rest of its
+        // buffer before it, which the 50 us spin after the small message makes rare.
+        EXPECT_GE(read_rounds, 1u) << "no round went by Read ZCopy";
+        ch.signal();
+      });
+}
+
 // A recv interrupted by a signal (no SA_RESTART) takes its offer back; the sender, which
 // saw the offer, sends afterwards: its claim fails, the bytes go another way into the next
 // recv, and the interrupted recv's buffer is never written.
