@@ -367,6 +367,8 @@ static void connect(struct pcientb_bridge *b)
 		else
 			write_entry(b, k->idx, k->nonce, 0, NULL);
 	}
+	/* The peer's work item may have looked before these entries were there. */
+	ring_peer(b);
 	dev_info(&b->ntb->dev, "bridge to the peer's nodes up\n");
 }
 
