@@ -555,7 +555,16 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
     // completions from the shared CQ from now on kicks it.
     ++s.sleepers;
     flush(s);
-    ibv_req_notify_cq(s.link.cq, 0);
+    // Armed without the lock: arming may serve the node's requests for up to a millisecond,
+    // and a group's CQ lives as long as the process.
+    ibv_cq *cq = s.link.cq;
+    lk.unlock();
+    ibv_req_notify_cq(cq, 0);
+    lk.lock();
+    if (!s.link.qp) {
+      --s.sleepers;
+      return EBADF;
+    }
     progress(s);
     if (ready() || s.error) {
       --s.sleepers;
@@ -1473,9 +1482,10 @@ void stream_check_peer(Sock &s, bool hup) {
 }
 
 ibv_cq *stream_arm(Sock &s) {
-  std::lock_guard<SockMutex> lk(s.mu);
-  if (s.link.cq) ibv_req_notify_cq(s.link.cq, 0);
-  return s.link.cq;
+  // Armed without the socket's lock, as in wait_until.
+  ibv_cq *cq = stream_cq(s);
+  if (cq) ibv_req_notify_cq(cq, 0);
+  return cq;
 }
 
 ibv_cq *stream_cq(Sock &s) {
