@@ -140,8 +140,10 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     std::vector<ibv_cq *> cqs(n, nullptr);  // what each socket armed
     for (nfds_t i = 0; i < n; ++i) {
       // Negotiating ones with a link too: the last look below may finish their handshake.
-      if (!socks[i] || !sdp_like(*socks[i]) || !(cqs[i] = stream_arm(*socks[i]))) continue;
-      k.push_back({socks[i]->link.channel->fd, POLLIN, 0});
+      int channel_fd = -1;
+      if (!socks[i] || !sdp_like(*socks[i]) || !(cqs[i] = stream_arm(*socks[i], &channel_fd)))
+        continue;
+      k.push_back({channel_fd, POLLIN, 0});
       kidx.push_back(i);
     }
     // Ready, left the layer (-1), or given a link by the last look (a handshake it advanced:

@@ -169,8 +169,10 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags);
 // *on_tcp: the connection went back to TCP (stream_leave, then the kernel serves it).
 short stream_poll(Sock &s, uint64_t *changes = nullptr, bool *on_tcp = nullptr);
 // Arms the socket's CQ so that the next arrival raises its channel. Returns the CQ it armed
-// (nullptr: no link yet), which the caller compares with stream_cq after its last look.
-ibv_cq *stream_arm(Sock &s);
+// (nullptr: no link yet), which the caller compares with stream_cq after its last look,
+// and in *channel_fd the channel to sleep on, read with it (another thread may end the link
+// meanwhile).
+ibv_cq *stream_arm(Sock &s, int *channel_fd = nullptr);
 // The socket's CQ now: a last look before sleeping may have created the link (a handshake
 // it advanced), whose CQ nobody armed and whose channel nobody watches.
 ibv_cq *stream_cq(Sock &s);

@@ -561,7 +561,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
     lk.unlock();
     ibv_req_notify_cq(cq, 0);
     lk.lock();
-    if (!s.link.qp) {
+    if (!s.link.qp || s.link.cq != cq) {
       --s.sleepers;
       return EBADF;
     }
@@ -1303,8 +1303,8 @@ struct RecvMr {
 
 // A blocking recv with nothing to deliver: waits as wait_until does, and once the spin is
 // over (data that comes within it is on its way already), offers its buffer (the part `cur`
-// points at) to the peer's sends. *placed: the bytes the peer wrote there. An offer not
-// taken leaves its registration in `keep`.
+// points at) to the peer's sends. *placed: the bytes the peer wrote there. The offer's
+// registration is left in `keep` (the READ of a SrcAvail that came instead uses it).
 int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep) {
   auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
@@ -1315,6 +1315,7 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
     if (e != EAGAIN || user_first) return e;
     if (timeout > 0) timeout -= spin;
   }
+  keep.hold(nullptr);  // an earlier offer's: not through a wait of unbounded length
   if (!sink_may_offer(s, cur, false)) return wait_until(s, lk, arrived, timeout);
   // Registering moves pages on the emulated fabric: an offer of a huge buffer is cut (the
   // rest of a MSG_WAITALL receive is offered again after the first part).
@@ -1397,6 +1398,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
       m.msg_iov = rest.data();
       m.msg_iovlen = rest.size();
       const int fd = s.fd;
+      held.hold(nullptr);
       lk.unlock();
       ssize_t k = real().recvmsg(fd, &m, flags);
       lk.lock();
@@ -1422,11 +1424,14 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
       return -1;
     }
     size_t placed = 0;
-    int e =
-        sink_may_offer(s, cur, peek)
-            ? sink_wait(s, lk, cur, &placed, held)
-            : wait_until(
-                  s, lk, [&] { return rx_takeable(s) || s.rd_shut || s.peer_fin; }, s.rcv_timeo_ns);
+    int e;
+    if (sink_may_offer(s, cur, peek)) {
+      e = sink_wait(s, lk, cur, &placed, held);
+    } else {
+      held.hold(nullptr);  // not through a wait of unbounded length
+      e = wait_until(
+          s, lk, [&] { return rx_takeable(s) || s.rd_shut || s.peer_fin; }, s.rcv_timeo_ns);
+    }
     cur.advance(placed);
     got += placed;
     if (placed && !s.link.qp) return ssize_t(got);  // closed by another thread after
@@ -1481,9 +1486,14 @@ void stream_check_peer(Sock &s, bool hup) {
   if (s.link.qp) check_peer(s, hup);
 }
 
-ibv_cq *stream_arm(Sock &s) {
+ibv_cq *stream_arm(Sock &s, int *channel_fd) {
+  ibv_cq *cq;
+  {
+    std::lock_guard<SockMutex> lk(s.mu);
+    cq = s.link.cq;
+    if (channel_fd) *channel_fd = cq ? s.link.channel->fd : -1;  // the group's: never closed
+  }
   // Armed without the socket's lock, as in wait_until.
-  ibv_cq *cq = stream_cq(s);
   if (cq) ibv_req_notify_cq(cq, 0);
   return cq;
 }
