@@ -38,6 +38,7 @@
 #include <linux/io.h>
 #include <linux/dma-mapping.h>
 #include <linux/ntb.h>
+#include <linux/random.h>
 #include <linux/rwsem.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
@@ -56,6 +57,7 @@ enum {
 	SPAD_INBOX_LO = 3,
 	SPAD_INBOX_HI = 4,
 	SPAD_BRIDGE = 5, /* BRIDGE_MAGIC while the inbox address stands */
+	SPAD_INCARNATION = 6, /* this load's bridge: another after a reload of the module */
 };
 #define BRIDGE_MAGIC 0x42524734 /* "BRG4": the inbox as below */
 #define LIDS PCIENTB_LIDS_PER_PORT
@@ -117,6 +119,13 @@ struct pcientb_bridge {
 	struct rw_semaphore sem; /* write: connect, disconnect, publish, scan; read: post, ring */
 	bool connected; /* the peer's inbox is mapped */
 	bool ever; /* was connected once: a peer may know our nodes */
+	/*
+	 * Ours, and the peer's when we connected: a peer module unloaded and loaded again
+	 * between two looks of the work item (its link down and up before we looked) has a
+	 * new inbox, and the old one is freed memory of its host.
+	 */
+	u32 incarnation, peer_incarnation;
+	atomic_t hold; /* debugfs bridge_hold: the work item does not look (tests) */
 	u64 trans_size; /* our inbound translation: [0, trans_size) */
 	void __iomem *out; /* the peer's window onto its host */
 	phys_addr_t out_phys; /* its bus address (where remote areas are mapped from) */
@@ -314,12 +323,17 @@ static void connect(struct pcientb_bridge *b)
 	wmb();
 	ntb_spad_write(b->ntb, SPAD_INBOX_LO, lower_32_bits(b->in_dma));
 	ntb_spad_write(b->ntb, SPAD_INBOX_HI, upper_32_bits(b->in_dma));
+	ntb_spad_write(b->ntb, SPAD_INCARNATION, b->incarnation);
 	ntb_spad_write(b->ntb, SPAD_BRIDGE, BRIDGE_MAGIC);
 	ring_peer(b); /* a peer that looked before now finds the inbox */
+	b->peer_incarnation = ntb_peer_spad_read(b->ntb, 0, SPAD_INCARNATION);
 	if (ntb_peer_spad_read(b->ntb, 0, SPAD_BRIDGE) != BRIDGE_MAGIC)
 		return;
 	off = (u64)ntb_peer_spad_read(b->ntb, 0, SPAD_INBOX_HI) << 32 |
 	      ntb_peer_spad_read(b->ntb, 0, SPAD_INBOX_LO);
+	/* Read across a reload of the peer's module: its next doorbell brings us back. */
+	if (ntb_peer_spad_read(b->ntb, 0, SPAD_INCARNATION) != b->peer_incarnation)
+		return;
 	if (ntb_peer_mw_get_addr(b->ntb, b->widx, &base, &size))
 		return;
 	if (!PAGE_ALIGNED(base)) { /* its pages are mapped into processes */
@@ -502,10 +516,15 @@ static void bridge_work(struct work_struct *work)
 	u32 idx;
 
 	down_write(&b->sem);
-	if (!ntb_link_is_up(b->ntb, NULL, NULL)) {
-		disconnect(b);
+	if (atomic_read(&b->hold))
 		goto out;
-	}
+	if (!ntb_link_is_up(b->ntb, NULL, NULL) ||
+	    (b->connected &&
+	     (ntb_peer_spad_read(b->ntb, 0, SPAD_BRIDGE) != BRIDGE_MAGIC ||
+	      ntb_peer_spad_read(b->ntb, 0, SPAD_INCARNATION) != b->peer_incarnation)))
+		disconnect(b); /* the peer's bridge is gone, or another one stands there now */
+	if (!ntb_link_is_up(b->ntb, NULL, NULL))
+		goto out;
 	connect(b);
 	if (!b->connected)
 		goto out;
@@ -877,6 +896,24 @@ static int counts_show(struct seq_file *m, void *unused)
 }
 DEFINE_SHOW_ATTRIBUTE(counts);
 
+static int hold_get(void *data, u64 *val)
+{
+	*val = atomic_read(&((struct pcientb_bridge *)data)->hold);
+	return 0;
+}
+
+/* Holding keeps the work item from looking; releasing makes it look (as a link event). */
+static int hold_set(void *data, u64 val)
+{
+	struct pcientb_bridge *b = data;
+
+	atomic_set(&b->hold, val != 0);
+	if (!val)
+		pcientb_bridge_kick(b->dev, true);
+	return 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(hold_fops, hold_get, hold_set, "%llu\n");
+
 /* debugfs `dir`/bridge: the system calls that wrote through the window, by kind. */
 void pcientb_bridge_debugfs(struct pcientb_ib *dev, struct dentry *dir)
 {
@@ -884,6 +921,7 @@ void pcientb_bridge_debugfs(struct pcientb_ib *dev, struct dentry *dir)
 		return;
 	debugfs_create_file("bridge", 0400, dir, dev->bridge, &counts_fops);
 	debugfs_create_atomic_t("drop_masks", 0600, dir, &dev->bridge->drop_masks);
+	debugfs_create_file("bridge_hold", 0600, dir, dev->bridge, &hold_fops);
 }
 
 /* Before the device registers; without a second window the port reaches no peer's nodes. */
@@ -920,6 +958,7 @@ int pcientb_bridge_init(struct pcientb_ib *dev)
 	init_rwsem(&b->sem);
 	INIT_LIST_HEAD(&b->kept);
 	INIT_WORK(&b->work, bridge_work);
+	b->incarnation = get_random_u32() | 1;
 	dev->bridge = b;
 	return 0;
 }
@@ -937,6 +976,8 @@ void pcientb_bridge_destroy(struct pcientb_ib *dev)
 	disconnect(b);
 	up_write(&b->sem);
 	ntb_spad_write(b->ntb, SPAD_BRIDGE, 0);
+	ntb_spad_write(b->ntb, SPAD_INCARNATION, 0);
+	ring_peer(b); /* the peer stops writing into our inbox now, not at its next look */
 	ntb_mw_clear_trans(b->ntb, 0, b->widx);
 	list_for_each_entry_safe(k, next, &b->kept, node) {
 		pcientb_area_put(k->area);

@@ -16,7 +16,9 @@ pcientb.ko's own objects: LIDs, memory regions pinned and unpinned, moves, the n
 table, doorbells, doorbell masks on both hosts and watchers; a node whose mask ran out is
 rung again) and `ibv_devinfo -v`, then `ibv_rc_pingpong`, `ib_write_bw`
 and `ib_read_bw` between two processes on pcientb0 (setup over loopback TCP). It takes port 1's device from the driver and gives it back (port 0's
-link goes down, then up, with an event each time, and its selftest passes again), stops
+link goes down, then up, with an event each time, and its selftest passes again; port 0's
+bridge is held from looking meanwhile, as if port 1's module were reloaded between two of
+its looks, and must then find port 1's new bridge), stops
 and restarts port 1's heartbeat (a peer that died without a word: down, then up; a node
 of port 0 masked before port 1's host knew it has its mask there, and the end of its mask
 while its link was down reaches port 1's host once the link is up again); a
@@ -118,11 +120,17 @@ link() {
   say "link $1 $(cat /sys/kernel/debug/pcientb/$first/link)"
 }
 link before up
+# Port 0's bridge does not look while port 1's device goes and comes back, as when the
+# peer's module is reloaded between two looks: port 0 must find the new bridge (its
+# incarnation changed), not go on writing into the old inbox; the last "bridge ok" checks.
+hold=/sys/kernel/debug/pcientb/$first/bridge_hold
+echo 1 > $hold
 echo "${second#ntb-}" > $drv/unbind
 link "after unbind" down
 wait $watch_second
 echo "${second#ntb-}" > $drv/bind
 link "after bind" up
+echo 0 > $hold
 say "selftest again $first"
 show /sys/kernel/debug/pcientb/$first/selftest
 # A peer that stops without a word (its host died): port 1's heartbeat stops, so port 0's
