@@ -518,13 +518,15 @@ static void bridge_work(struct work_struct *work)
 	down_write(&b->sem);
 	if (atomic_read(&b->hold))
 		goto out;
-	if (!ntb_link_is_up(b->ntb, NULL, NULL) ||
-	    (b->connected &&
-	     (ntb_peer_spad_read(b->ntb, 0, SPAD_BRIDGE) != BRIDGE_MAGIC ||
-	      ntb_peer_spad_read(b->ntb, 0, SPAD_INCARNATION) != b->peer_incarnation)))
-		disconnect(b); /* the peer's bridge is gone, or another one stands there now */
-	if (!ntb_link_is_up(b->ntb, NULL, NULL))
+	if (!ntb_link_is_up(b->ntb, NULL, NULL)) {
+		disconnect(b);
 		goto out;
+	}
+	/* The peer's bridge is gone, or another one stands there now: connect anew. */
+	if (b->connected &&
+	    (ntb_peer_spad_read(b->ntb, 0, SPAD_BRIDGE) != BRIDGE_MAGIC ||
+	     ntb_peer_spad_read(b->ntb, 0, SPAD_INCARNATION) != b->peer_incarnation))
+		disconnect(b);
 	connect(b);
 	if (!b->connected)
 		goto out;
