@@ -373,13 +373,14 @@ void write_stats(Sock &s) {
   char line[512];
   int n = snprintf(line, sizeof line,
                    "conn pid=%d prog=%s role=%s path=%s reason=%s bcopy_tx=%llu bcopy_rx=%llu "
-                   "zcopy_tx=%llu zcopy_rx=%llu wzcopy_tx=%llu wzcopy_rx=%llu sink_avails=%llu\n",
+                   "zcopy_tx=%llu zcopy_rx=%llu wzcopy_tx=%llu wzcopy_rx=%llu sink_avails=%llu "
+                   "held_sends=%llu\n",
                    getpid(), program_invocation_short_name,
                    s.role == Role::kServer ? "server" : "client", sdp ? "sdp" : "tcp", reason,
                    (unsigned long long)s.stats.bcopy_tx, (unsigned long long)s.stats.bcopy_rx,
                    (unsigned long long)s.stats.zcopy_tx, (unsigned long long)s.stats.zcopy_rx,
                    (unsigned long long)s.stats.wzcopy_tx, (unsigned long long)s.stats.wzcopy_rx,
-                   (unsigned long long)s.stats.sink_avails);
+                   (unsigned long long)s.stats.sink_avails, (unsigned long long)s.stats.held_sends);
   if (n >= int(sizeof line)) n = sizeof line - 1;
   stats_line(line, n);
 }

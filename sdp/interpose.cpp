@@ -904,7 +904,7 @@ SDP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
     }
     // The first version of the struct ended at zcopy_rx: such a buffer gets what fits.
     if (name == PCIENTB_SDP_STATS && *len >= offsetof(pcientb_sdp_stats, onesided_tx)) {
-      pcientb_sdp_stats st{PCIENTB_SDP_PATH_TCP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+      pcientb_sdp_stats st{PCIENTB_SDP_PATH_TCP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
       if (s) {
         std::lock_guard<SockMutex> lk(s->mu);
         st = s->stats;

@@ -18,6 +18,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -131,6 +132,7 @@ void hand_back_listen() {
     return;
   }
   std::thread([fd] {
+    pthread_setname_np(pthread_self(), "sdp-handback");
     for (;;) {
       uint64_t ino = 0;
       ssize_t n = real().recvfrom(fd, &ino, sizeof ino, 0, nullptr, nullptr);

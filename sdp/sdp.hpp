@@ -413,7 +413,7 @@ struct Sock : std::enable_shared_from_this<Sock> {
   bool peer_gone = false;        // the kernel socket saw the peer's end
   int64_t peer_checked_ms = -1;  // when an empty non-blocking receive last looked at it
 
-  pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  pcientb_sdp_stats stats{PCIENTB_SDP_PATH_PENDING, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   const char *reason = "";
   bool stats_written = false;
 };

@@ -4,6 +4,7 @@
 // flushed, and memory outside what was granted is never touched.
 #include "verbs_helpers.hpp"
 
+#include <arpa/inet.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -95,6 +96,11 @@ void expect_rejected(const TargetOptions &target, const BadWr &bad,
 SendWr write(RcEnd &a, uint64_t remote_addr, uint32_t rkey, uint32_t length = 64) {
   return std::move(SendWr(IBV_WR_RDMA_WRITE, 1).sge(a.sge(0, length)).remote(remote_addr, rkey));
 }
+// Longer than a request record carries: the requester places the bytes, as a WRITE's.
+SendWr write_imm(RcEnd &a, uint64_t remote_addr, uint32_t rkey, uint32_t length = 4096) {
+  return std::move(
+      SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, 1).sge(a.sge(0, length)).remote(remote_addr, rkey).imm(7));
+}
 SendWr read(RcEnd &a, uint64_t remote_addr, uint32_t rkey, uint32_t length = 64) {
   return std::move(SendWr(IBV_WR_RDMA_READ, 1).sge(a.sge(8192, length)).remote(remote_addr, rkey));
 }
@@ -134,6 +140,14 @@ TEST(RcWrite, QpWithoutRemoteWriteAccessFailsWithRemAccessErr) {
 TEST(RcWrite, MrOfAnotherPdThanTheTargetQpFailsWithRemAccessErr) {
   expect_rejected({.mr_on_another_pd = true},
                   [](RcEnd &a) { return write(a, a.raddr(0), a.rkey()); });
+}
+
+TEST(RcWriteWithImm, LargeWithABadRkeyFailsWithRemAccessErr) {
+  expect_rejected({}, [](RcEnd &a) { return write_imm(a, a.raddr(0), a.rkey() ^ 0x00ff0f00); });
+}
+
+TEST(RcWriteWithImm, LargePastTheEndOfTheMrFailsWithRemAccessErr) {
+  expect_rejected({}, [](RcEnd &a) { return write_imm(a, a.raddr(kMrLength - 4000), a.rkey()); });
 }
 
 TEST(RcRead, BadRkeyFailsWithRemAccessErr) {
@@ -228,6 +242,47 @@ TEST(Rnr, InfiniteRetryCompletesOnceThePeerPostsAReceive) {
         EXPECT_EQ(wc.byte_len, 2048u);
         EXPECT_TRUE(has_pattern(b.buf.span(0, 2048), 2));
         ch.wait();  // the QP stays until the requester has checked its state
+      });
+}
+
+// WRITEs with immediate whose bytes the requester places: refused for want of a receive,
+// they go back and are placed again, and the one after waits its turn (RC order).
+TEST(Rnr, LargeWritesWithImmWaitForAReceiveAndArriveInOrder) {
+  two_process(
+      [](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        for (uint32_t i = 0; i < 2; ++i) {
+          fill_pattern(a.buf.span(i * 4096, 4096), 10 + i);
+          ASSERT_EQ(0, SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, i)
+                           .sge(a.sge(i * 4096, 4096))
+                           .remote(a.raddr(8192 + i * 4096), a.rkey())
+                           .imm(100 + i)
+                           .post(a.qp()));
+        }
+        EXPECT_TRUE(stays_empty(a.cq(), 300ms)) << "a WRITE with immediate took no receive";
+        ch.signal();  // now post them
+        auto wcs = wait_wcs(a.cq(), 2);
+        for (uint32_t i = 0; i < 2; ++i) {
+          EXPECT_EQ(wcs[i].wr_id, i);
+          EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS);
+        }
+        ch.signal();
+      },
+      [](Channel &ch) {
+        RcEnd b;
+        b.connect(ch);
+        ch.wait();
+        for (uint32_t i = 0; i < 2; ++i) ASSERT_EQ(0, b.post_recv(i, 32768, 16));
+        auto wcs = wait_wcs(b.cq(), 2);
+        for (uint32_t i = 0; i < 2; ++i) {
+          EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS);
+          EXPECT_EQ(wcs[i].wr_id, i);
+          EXPECT_EQ(wcs[i].byte_len, 4096u);
+          EXPECT_EQ(ntohl(wcs[i].imm_data), 100 + i);
+          EXPECT_TRUE(has_pattern(b.buf.span(8192 + i * 4096, 4096), 10 + i));
+        }
+        ch.wait();
       });
 }
 

@@ -859,5 +859,57 @@ TEST(RcOrder, ReadAfterWriteOnTheSameQpSeesTheWrite) {
       });
 }
 
+// A WRITE with immediate too long for a request record is placed by the requester (as a
+// WRITE is), yet never before an atomic posted ahead of it on the same bytes. The target
+// waits off the CQ meanwhile, so that its progress thread, not a poll, serves the atomic.
+TEST(RcOrder, ALargeWriteWithImmAfterAnAtomicLandsAfterIt) {
+  constexpr uint32_t kRounds = 20;
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        for (uint64_t round = 0; round < kRounds; ++round) {
+          ch.wait();  // the target holds 100 at offset 64
+          const uint64_t written = 7000 + round;
+          std::memcpy(a.buf.at(4096 + 64), &written, 8);
+          ASSERT_EQ(0, SendWr(IBV_WR_ATOMIC_FETCH_AND_ADD, 1)
+                           .sge(a.sge(0, 8))
+                           .remote(a.raddr(64), a.rkey())
+                           .compare_add(23)
+                           .post(a.qp()));
+          ASSERT_EQ(0, SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, 2)
+                           .sge(a.sge(4096, 4096))
+                           .remote(a.raddr(0), a.rkey())
+                           .imm(uint32_t(round))
+                           .post(a.qp()));
+          auto wcs = wait_wcs(a.cq(), 2);
+          EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+          EXPECT_EQ(wcs[1].status, IBV_WC_SUCCESS);
+          uint64_t old;
+          std::memcpy(&old, a.buf.at(0), 8);
+          EXPECT_EQ(old, 100u) << "round " << round << ": the WRITE landed before the atomic";
+          ch.signal();
+        }
+      },
+      [&](Channel &ch) {
+        RcEnd b;
+        for (uint32_t round = 0; round < kRounds; ++round)
+          ASSERT_EQ(0, b.post_recv(round, 32768, 16));
+        b.connect(ch);
+        for (uint32_t round = 0; round < kRounds; ++round) {
+          uint64_t v = 100;
+          std::memcpy(b.buf.at(64), &v, 8);
+          ch.signal();
+          ch.wait();  // the requester saw both complete
+          ibv_wc wc = b.wait_wc();
+          EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+          EXPECT_EQ(ntohl(wc.imm_data), round);
+          std::memcpy(&v, b.buf.at(64), 8);
+          EXPECT_EQ(v, 7000u + round)
+              << "round " << round << ": the WRITE landed before the atomic";
+        }
+      });
+}
+
 }  // namespace
 }  // namespace pcientb::test

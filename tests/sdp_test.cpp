@@ -38,6 +38,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -727,6 +728,92 @@ TEST(Stream, ZCopyFromReadOnlyMemory) {
         expect_pattern(fd, 7, 0, kLen);
         ch.signal();
       });
+}
+
+// A send of 16 KiB or more is posted whole when it returns, also the tail it appended after
+// waiting for the slow reader's credits; a burst of small sends still coalesces.
+TEST(Stream, LargeSendsArePostedWholeAndSmallOnesCoalesce) {
+  static constexpr size_t kLarge = 64 * 1024, kLarges = 512, kSmall = 100, kSmalls = 64;
+  connected(
+      [](Channel &ch, int fd) {
+        std::vector<char> v = pattern(51, 0, kLarge * kLarges + kSmall * kSmalls);
+        for (size_t i = 0; i < kLarges; ++i) send_all(fd, v.data() + i * kLarge, kLarge);
+        EXPECT_EQ(stats_of(fd).held_sends, 0u) << "a large send left bytes for the flusher";
+        for (size_t i = 0; i < kSmalls; ++i)
+          send_all(fd, v.data() + kLarge * kLarges + i * kSmall, kSmall);
+        EXPECT_GT(stats_of(fd).held_sends, 0u) << "small sends did not coalesce";
+        ch.wait();
+      },
+      [](Channel &ch, int fd) {
+        // 4 KiB at a time: slower than the sender, whose sends wait for credits.
+        std::vector<char> in(kLarge * kLarges + kSmall * kSmalls);
+        for (size_t at = 0; at < in.size(); at += 4096)
+          recv_exact(fd, in.data() + at, std::min<size_t>(4096, in.size() - at));
+        EXPECT_EQ(mismatch(51, 0, in.data(), in.size()), "");
+        ch.signal();
+      });
+}
+
+// The times thread `tid` of this process went to sleep.
+uint64_t sleeps_of(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stoull(line.substr(24));
+  fail("no voluntary_ctxt_switches for thread " + std::to_string(tid));
+  return 0;
+}
+
+// A thread blocked in recv on an idle connection sleeps on while another connection of its
+// process, sharing its CQ group, is busy: woken by the group's CQ for the busy link's
+// completions, it then sleeps unarmed, for up to 1 ms (it woke for each of them before).
+TEST(Stream, AnIdleBlockedReceiveSleepsOnBesideABusyConnection) {
+  static constexpr size_t kBusy = 256 << 20, kChunk = 16 << 10;
+  two_process(
+      [&](Channel &ch) {
+        int idle = client_conn(ch);
+        int busy = client_conn(ch);
+        std::vector<char> v(kChunk, 'x');
+        ch.wait();  // the server's idle thread is asleep in recv
+        for (size_t at = 0; at < kBusy; at += kChunk) send_all(busy, v.data(), kChunk);
+        ch.wait();
+        send_all(idle, "E", 1);
+        ch.wait();
+        close(busy);
+        close(idle);
+      },
+      [&](Channel &ch) {
+        int idle = server_conn(ch);
+        int busy = server_conn(ch);
+        std::atomic<pid_t> tid{0};
+        std::thread t([&] {
+          tid = gettid();
+          char c = 0;
+          EXPECT_EQ(recv(idle, &c, 1, 0), 1) << strerror(errno);
+        });
+        while (!tid) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(100ms);  // past its spin: asleep
+        const uint64_t before = sleeps_of(tid);
+        const auto start = Clock::now();
+        ch.signal();
+        std::vector<char> in(1 << 20);
+        for (size_t got = 0; got < kBusy;) {
+          ssize_t k = recv(busy, in.data(), in.size(), 0);
+          ASSERT_GT(k, 0) << strerror(errno);
+          got += size_t(k);
+        }
+        const uint64_t sleeps = sleeps_of(tid) - before;
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        ch.signal();
+        t.join();
+        EXPECT_LE(double(sleeps), 4 * ms + 100)
+            << "the idle receive woke for the busy connection's completions (" << sleeps
+            << " sleeps in " << ms << " ms, " << kBusy / kChunk << " messages)";
+        ch.signal();
+        close(busy);
+        close(idle);
+      },
+      within(60s));
 }
 
 // ---- 2. O_NONBLOCK and MSG_DONTWAIT --------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -447,6 +448,7 @@ void Node::on_device_events() {
 }
 
 void Node::progress_loop() {
+  pthread_setname_np(pthread_self(), "pcientb-progres");  // top -H, perf: 15 chars
   constexpr size_t kFirstDeathFd = 3;  // after the wake, doorbell and device event fds
   std::vector<pollfd> fds;
   std::vector<fabric::Peer *> peers;

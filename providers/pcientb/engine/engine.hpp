@@ -477,6 +477,7 @@ class WqeQueue {
   bool empty() const { return n_ == 0; }
   size_t size() const { return n_; }
   SendWqe &operator[](size_t i) { return v_[(head_ + i) & (v_.size() - 1)]; }
+  const SendWqe &operator[](size_t i) const { return v_[(head_ + i) & (v_.size() - 1)]; }
   SendWqe &front() { return (*this)[0]; }
   SendWqe &back() { return (*this)[n_ - 1]; }
   void push_back(SendWqe &&w) {

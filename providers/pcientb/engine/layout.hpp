@@ -345,12 +345,14 @@ struct SendRecord {
   RecordHead head;
   uint8_t opcode;  // IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM
   uint8_t solicited;
-  uint16_t pieces;  // 0: the bytes are inline
+  uint16_t pieces;  // 0: the bytes are inline; kPiecesPlaced: the requester placed them
   uint32_t byte_len;
   __be32 imm;
   uint32_t rkey;  // WRITE with immediate
 };
 static_assert(sizeof(SendRecord) == 40);
+// A WRITE with immediate whose bytes the requester wrote through the window before it.
+constexpr uint16_t kPiecesPlaced = 0xffff;
 // What follows a SendRecord before its bytes or pieces.
 constexpr size_t send_extra(uint32_t opcode) {
   return opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? sizeof(uint64_t) : 0;
@@ -436,7 +438,7 @@ constexpr uint64_t kAreaMagic = 0x70636e7461726531ULL;
 // The format of what peers read and write in a node's area, as a number: the fabric refuses
 // to mix nodes whose builds differ in it (each would misread the other's memory). Bump
 // kAreaRevision for a change of meaning that no size below shows.
-constexpr uint32_t kAreaRevision = 7;
+constexpr uint32_t kAreaRevision = 8;
 constexpr uint32_t area_layout() {
   const uint64_t parts[] = {kAreaRevision,
                             sizeof(AreaRoot),

@@ -216,6 +216,16 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
   auto failed_move = [&](fabric::MoveStatus s) {
     return s == fabric::MoveStatus::peer_dead ? no_answer() : done(IBV_WC_REM_ACCESS_ERR);
   };
+  // The bytes of a WRITE through the window into the MR remote_ok found.
+  auto push = [&] {
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < src.n; ++i) {
+      auto s = fab.write(*peer, mr.window, va_of(mr, w.remote_addr + off), src.ptr[i], src.len[i]);
+      if (s != fabric::MoveStatus::ok) return s;
+      off += src.len[i];
+    }
+    return fabric::MoveStatus::ok;
+  };
   auto sent = [&](RecordHead *h, size_t rec_len, const Gather *after = nullptr,
                   bool pulled = false) -> Result {
     uint64_t pos = 0;
@@ -239,13 +249,7 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
     case IBV_WR_RDMA_WRITE: {
       // A zero-length write touches no memory and needs no valid rkey.
       if (len && !remote_ok(IBV_ACCESS_REMOTE_WRITE, len)) return done(IBV_WC_REM_ACCESS_ERR);
-      uint64_t off = 0;
-      for (uint32_t i = 0; i < src.n; ++i) {
-        auto s =
-            fab.write(*peer, mr.window, va_of(mr, w.remote_addr + off), src.ptr[i], src.len[i]);
-        if (s != fabric::MoveStatus::ok) return failed_move(s);
-        off += src.len[i];
-      }
+      if (auto s = push(); s != fabric::MoveStatus::ok) return failed_move(s);
       return landed(*peer, len);
     }
     case IBV_WR_ATOMIC_CMP_AND_SWP:
@@ -284,6 +288,15 @@ Result execute_rc(Qp *qp, SendWqe &w, const Gather &src, uint64_t len) {
       if (header > sizeof *r) memcpy(buf + sizeof *r, &w.remote_addr, sizeof w.remote_addr);
       // Short: the bytes follow the record in the lane, posted from where they are.
       if (len <= kRecordInline) return sent(&r->head, header, &src);
+      if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+        // Placed here as a WRITE's (posted writes through the window; a pull by the target
+        // would read across it), before the record that takes the receive: a go-back
+        // places them again.
+        if (!remote_ok(IBV_ACCESS_REMOTE_WRITE, len)) return done(IBV_WC_REM_ACCESS_ERR);
+        if (auto s = push(); s != fabric::MoveStatus::ok) return failed_move(s);
+        r->pieces = kPiecesPlaced;
+        return sent(&r->head, header);
+      }
       return sent(&r->head, add_pieces(r, header, src), nullptr, true);
     }
     default:
@@ -393,8 +406,17 @@ bool travels(const SendWqe &w) {
 // A WR the requester executes itself (RDMA WRITE or READ) waits for the
 // answers to the requests before it: it would otherwise land first (a WRITE
 // over the bytes of an atomic before it, or past an RNR'd SEND).
+// A WRITE with immediate whose bytes are placed here (not inline) waits only
+// for the atomics before it: a go-back places its bytes again, and the target
+// takes its receive in the QP's order.
 bool behind_answers(const Qp *qp, const SendWqe &w) {
-  return qp->halted || (qp->unanswered && !travels(w));
+  if (qp->halted) return true;
+  if (!qp->unanswered) return false;
+  if (!travels(w)) return true;
+  if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM || total_length(w) <= kRecordInline) return false;
+  for (size_t i = 0; i < qp->sent.size(); ++i)
+    if (!qp->sent[i].done && is_atomic(*op_info(qp->sent[i].opcode))) return true;
+  return false;
 }
 
 // A WR that may be executed again (it waits, or a go-back may resend it)

@@ -297,9 +297,11 @@ void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, uint
                 Receipt *out) {
   answer->status = IBV_WC_REM_INV_REQ_ERR;
   const bool write_imm = r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  // The requester wrote the bytes of a WRITE before this record: only the receive is taken.
+  const bool placed = write_imm && r.pieces == kPiecesPlaced;
   Source src;
   if ((!write_imm && r.opcode != IBV_WR_SEND && r.opcode != IBV_WR_SEND_WITH_IMM) ||
-      r.byte_len > (1u << 31) || !source_of(after, room, r.pieces, r.byte_len, &src))
+      r.byte_len > (1u << 31) || (!placed && !source_of(after, room, r.pieces, r.byte_len, &src)))
     return;
   if (src.pieces && r.head.psn == 0) {
     // Withdrawn by its requester before we came to it: nothing is pulled or
@@ -349,7 +351,7 @@ void serve_send(Node &node, fabric::Peer &from, Qp *t, const SendRecord &r, uint
     out->fail = true;
     return;
   }
-  if (place(node.fab(), from, dst, 0, src, r.byte_len) != fabric::MoveStatus::ok) {
+  if (!placed && place(node.fab(), from, dst, 0, src, r.byte_len) != fabric::MoveStatus::ok) {
     tear(t, wqe);
     answer->status = IBV_WC_LOC_PROT_ERR;  // a requester that lives: its memory went
     return;

@@ -317,6 +317,7 @@ bool EmuFabric::member() {
 int EmuFabric::start_life() {
   std::atomic<int> started{0};
   life_ = std::thread([this, &started] {
+    pthread_setname_np(pthread_self(), "pcientb-life");
     static thread_local robust_list_head head;
     head.list.next = &hdr_->life_entry;
     head.futex_offset =
