@@ -226,10 +226,16 @@ int poll_cq(Cq *cq, int n, ibv_wc *wc) {
     std::lock_guard<SpinLock> g(cq->poll_mu);
     while (i < n && take(cq, &wc[i])) ++i;
   }
-  if (n && i == n) return i;
+  if (n && i == n) {
+    cq->ctx->node->polled_after_arm();
+    return i;
+  }
   cq->ctx->node->poll_progress();
-  std::lock_guard<SpinLock> g(cq->poll_mu);
-  while (i < n && take(cq, &wc[i])) ++i;
+  {
+    std::lock_guard<SpinLock> g(cq->poll_mu);
+    while (i < n && take(cq, &wc[i])) ++i;
+  }
+  if (i) cq->ctx->node->polled_after_arm();
   return i;
 }
 

@@ -148,8 +148,17 @@ class Node {
   // peers ring from now on, or what they post would wait for the mask's end.
   void stop_polling() {
     polls_ = 1;  // its next polls before it sleeps do not mask again
+    unmasked_ = true;
     // The progress thread would take them only when the mask it planned for runs out.
     if (fab_->not_polling()) service(true);
+  }
+  // A poll after this thread armed a CQ took completions: it is not going to sleep on them,
+  // so its next poll masks the doorbell again (else peers ring, waking the progress thread,
+  // for the 63 polls until the usual renewal).
+  void polled_after_arm() {
+    if (!unmasked_) return;
+    unmasked_ = false;
+    polls_ = 63;
   }
 
   // --- links (link.cpp): reaching a peer without reading its memory ---
@@ -249,6 +258,7 @@ class Node {
   std::set<Qp *> pending_;
   std::atomic<uint64_t> next_due_ns_{0};
   static inline thread_local uint32_t polls_ __attribute__((tls_model("initial-exec"))) = 0;
+  static inline thread_local bool unmasked_ __attribute__((tls_model("initial-exec"))) = false;
   uint64_t sleep_until_ns_ = 0;  // when the progress thread wakes by itself, with prog_mu_
   // When the progress thread looks at the lanes next by itself (UINT64_MAX: when rung).
   std::atomic<uint64_t> looks_at_ns_{UINT64_MAX};
