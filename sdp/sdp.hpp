@@ -30,7 +30,8 @@ struct Config {
   bool log = false;     // PCIENTB_SDP_LOG=1
   // PCIENTB_SDP_ZCOPY_THRESH: bytes, 0 (never), or `auto` (SDP_ZCOPY_AUTO, adaptive.cpp).
   // See NOTES.md for the crossover here.
-  int zcopy_thresh = 1 << 20;
+  // 2 MiB: the best single threshold of scripts/sdp-bench.sh's sweep (1-8 connections).
+  int zcopy_thresh = 2 << 20;
   uint32_t ring_bytes = 1u << 20;  // PCIENTB_SDP_RING (receive ring per direction)
   int spin_us = 50;                // PCIENTB_SDP_SPIN_US: busy-poll before sleeping
   std::string fabric;              // the provider's (pcientb_fabric_name)

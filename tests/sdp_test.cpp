@@ -660,7 +660,7 @@ void pump(int fd, bool client, const PumpConfig &cfg) {
   EXPECT_EQ(st.bcopy_tx + st.zcopy_tx, sent) << side;
   EXPECT_EQ(st.bcopy_rx + st.zcopy_rx, received) << side;
   if (cfg.zcopy_thresh < 0) {
-    // Default threshold (1 MiB) above every message: all BCopy.
+    // Default threshold (2 MiB) above every message: all BCopy.
     EXPECT_EQ(st.bcopy_tx, sent) << side;
     EXPECT_EQ(st.zcopy_tx, 0u) << side;
     EXPECT_EQ(st.zcopy_rx, 0u) << side;
