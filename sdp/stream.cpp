@@ -283,17 +283,20 @@ const Rec *data_head(const Sock &s) {
   return nullptr;
 }
 
-// Reaps completions: immediates (ring bytes or acks), send-queue progress, errors.
-void progress(Sock &s) {
+// Reaps completions: immediates (ring bytes or acks), send-queue progress, errors. Returns
+// how many it took.
+int progress(Sock &s) {
   Link &l = s.link;
   // A fork()ed child's copy must not take the parent's completions (the CQ is shared memory).
-  if (!l.cq || inherited(s)) return;
+  if (!l.cq || inherited(s)) return 0;
+  int took = 0;
   ibv_wc wc[32];
   uint32_t recvs = 0;
   bool writes_failed = false;
   for (;;) {
     int n = link_poll(l, wc, 32);
     if (n <= 0) break;
+    took += n;
     for (int i = 0; i < n; ++i) {
       const ibv_wc &w = wc[i];
       if (w.status != IBV_WC_SUCCESS) {
@@ -376,11 +379,12 @@ void progress(Sock &s) {
   }
   if (writes_failed && s.revert_at == ~0ull) set_error(s, ECONNRESET);
   skip_empty_records(s);
-  if (s.tx_tcp) return;  // no acks into a ring that is going
+  if (s.tx_tcp) return took;  // no acks into a ring that is going
   if (s.peer_cancel_req > s.cancel_answered) answer_cancel(s);
   // A side that only sends still reaps the peer's acks: it must say so, or the peer runs
   // out of receives to ack into.
   if (s.ack_wanted || s.polled - s.acked_polled >= l.recv_depth / 4) send_ack(s);
+  return took;
 }
 
 // A busy poller must learn of a peer that died without a FIN, but a system call per empty
@@ -610,9 +614,9 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
     if (p[1].revents) check_peer(s, p[1].revents & (POLLRDHUP | POLLHUP | POLLERR));
     if (arm && p[2].revents) {
       link_drain(s.link);
-      progress(s);
+      const int took = progress(s);
       if (ready() || s.error) return 0;
-      if (!p[0].revents) {  // the wakeup was other links'
+      if (!took && !p[0].revents) {  // the wakeup was other links'
         unarmed_ns = std::clamp<uint64_t>(2 * unarmed_ns, 64000, 1000000);
         arm = false;
         continue;
@@ -620,8 +624,8 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
     }
     if (r == 0 && !arm) {
       arm = true;  // nobody kicked meanwhile: look for itself
-    } else if (p[0].revents) {
-      unarmed_ns = 0, arm = true;
+    } else if (p[0].revents || (arm && p[2].revents)) {
+      unarmed_ns = 0, arm = true;  // this socket's own completions came
     }
   }
 }

@@ -50,8 +50,8 @@ void attack(uint16_t victim_lid, uint32_t victim_qpn, uint64_t victim_addr, uint
       a->addr = victim_addr + (rnd() % 64) * 8;
       a->op = i % 2 ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
     } else if (i % 3 == 1) {
-      // A WRITE with immediate or a SEND into the victim's QP, inline or
-      // pulled from windows that are not there.
+      // A WRITE with immediate or a SEND into the victim's QP, inline,
+      // pulled from windows that are not there, or claimed placed already.
       auto *r = reinterpret_cast<eng::SendRecord *>(junk);
       r->head.type = eng::kRecSend;
       r->head.qpn = victim_qpn;
@@ -60,7 +60,7 @@ void attack(uint16_t victim_lid, uint32_t victim_qpn, uint64_t victim_addr, uint
       const uint64_t remote_addr = victim_addr + rnd() % 512;  // read for a WRITE only
       memcpy(junk + sizeof *r, &remote_addr, sizeof remote_addr);
       r->byte_len = static_cast<uint32_t>(rnd() % 600);
-      r->pieces = static_cast<uint16_t>(rnd() % 3);
+      r->pieces = rnd() % 4 == 3 ? eng::kPiecesPlaced : static_cast<uint16_t>(rnd() % 3);
     }
     size_t len = sizeof(eng::RecordHead) + rnd() % (sizeof junk - sizeof(eng::RecordHead));
     std::lock_guard<eng::SpinLock> g(link->req_mu);

@@ -911,5 +911,54 @@ TEST(RcOrder, ALargeWriteWithImmAfterAnAtomicLandsAfterIt) {
       });
 }
 
+// A short WRITE with immediate (executed by the target, from its record) or a SEND into the
+// same bytes, posted before a long WRITE with immediate (placed by the requester): the long
+// one's bytes are what stays. Rounds alternate the two; the target waits off the CQ.
+TEST(RcOrder, ALargeWriteWithImmLandsAfterTheShortWritesAndSendsBeforeIt) {
+  constexpr uint32_t kRounds = 20;
+  two_process(
+      [&](Channel &ch) {
+        RcEnd a;
+        a.connect(ch);
+        for (uint32_t round = 0; round < kRounds; ++round) {
+          ch.wait();  // the target posted this round's receives
+          fill_pattern(a.buf.span(0, 512), 1000 + round);
+          fill_pattern(a.buf.span(4096, 4096), 2000 + round);
+          SendWr first =
+              round % 2
+                  ? SendWr(IBV_WR_SEND, 1)
+                  : std::move(
+                        SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, 1).remote(a.raddr(0), a.rkey()).imm(1));
+          ASSERT_EQ(0, first.sge(a.sge(0, 512)).post(a.qp()));
+          ASSERT_EQ(0, SendWr(IBV_WR_RDMA_WRITE_WITH_IMM, 2)
+                           .sge(a.sge(4096, 4096))
+                           .remote(a.raddr(0), a.rkey())
+                           .imm(2)
+                           .post(a.qp()));
+          auto wcs = wait_wcs(a.cq(), 2);
+          EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+          EXPECT_EQ(wcs[1].status, IBV_WC_SUCCESS);
+          ch.signal();
+        }
+      },
+      [&](Channel &ch) {
+        RcEnd b;
+        b.connect(ch);
+        for (uint32_t round = 0; round < kRounds; ++round) {
+          // The SEND's receive is the start of the bytes the long WRITE then covers.
+          ASSERT_EQ(0, b.post_recv(2 * round, 0, 512));
+          ASSERT_EQ(0, b.post_recv(2 * round + 1, 0, 512));
+          ch.signal();
+          ch.wait();  // the requester saw both complete
+          auto wcs = wait_wcs(b.cq(), 2);
+          EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+          EXPECT_EQ(wcs[1].status, IBV_WC_SUCCESS);
+          EXPECT_TRUE(has_pattern(b.buf.span(0, 4096), 2000 + round))
+              << "round " << round << ": the long WRITE landed before the "
+              << (round % 2 ? "SEND" : "short WRITE") << " posted ahead of it";
+        }
+      });
+}
+
 }  // namespace
 }  // namespace pcientb::test

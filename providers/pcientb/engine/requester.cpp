@@ -406,17 +406,47 @@ bool travels(const SendWqe &w) {
 // A WR the requester executes itself (RDMA WRITE or READ) waits for the
 // answers to the requests before it: it would otherwise land first (a WRITE
 // over the bytes of an atomic before it, or past an RNR'd SEND).
-// A WRITE with immediate whose bytes are placed here (not inline) waits only
-// for the atomics before it: a go-back places its bytes again, and the target
-// takes its receive in the QP's order.
+// Where [addr, addr + len) of the target's MR rkey is in the target's memory,
+// as the mirror of its tables says; false when it does not say.
+bool target_va(const Qp *qp, uint32_t rkey, uint64_t addr, uint64_t len, uint64_t *va) {
+  const Mirror *m = qp->mirror;
+  QpView tv;
+  MrShared mr;
+  if (!m || !read_qp(m->qps[qp->attr.dest_qp_num & (kMaxQps - 1)], &tv) ||
+      !mr_check(m->mrs, rkey, true, tv.pd, IBV_ACCESS_REMOTE_WRITE, addr, len, &mr))
+    return false;
+  *va = va_of(mr, addr);
+  return true;
+}
+
+// A WRITE with immediate whose bytes are placed here (longer than a record
+// carries) waits for the requests before it that the target has still to
+// execute and that may write the same bytes: SENDs (their receives are the
+// target's to choose), atomics, and short WRITEs with immediate into them.
+// Placed ones before it landed before it; a go-back places its bytes again.
+bool placed_waits(const Qp *qp, const SendWqe &w) {
+  const uint64_t len = total_length(w);
+  uint64_t va;
+  if (!target_va(qp, w.rkey, w.remote_addr, len, &va)) return true;
+  for (size_t i = 0; i < qp->sent.size(); ++i) {
+    const SendWqe &x = qp->sent[i];
+    if (x.done) continue;
+    if (x.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return true;
+    const uint64_t xlen = total_length(x);
+    if (xlen == 0 || xlen > kRecordInline) continue;
+    uint64_t xva;
+    if (!target_va(qp, x.rkey, x.remote_addr, xlen, &xva) || (xva < va + len && va < xva + xlen))
+      return true;
+  }
+  return false;
+}
+
 bool behind_answers(const Qp *qp, const SendWqe &w) {
   if (qp->halted) return true;
   if (!qp->unanswered) return false;
   if (!travels(w)) return true;
   if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM || total_length(w) <= kRecordInline) return false;
-  for (size_t i = 0; i < qp->sent.size(); ++i)
-    if (!qp->sent[i].done && is_atomic(*op_info(qp->sent[i].opcode))) return true;
-  return false;
+  return placed_waits(qp, w);
 }
 
 // A WR that may be executed again (it waits, or a go-back may resend it)

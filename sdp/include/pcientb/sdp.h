@@ -47,8 +47,9 @@ struct pcientb_sdp_stats {
                              receive offered (Write ZCopy: SinkAvail, RDMA WRITE, RdmaWrCompl) */
   uint64_t wzcopy_rx;     /* of zcopy_rx: written by the peer into this side's offered buffers */
   uint64_t sink_avails;   /* receive buffers this side offered (taken or not) */
-  uint64_t held_sends;    /* sends that returned with bytes not yet posted: small ones
-                             coalescing, posted by the next call or within ~50 us */
+  uint64_t held_sends;    /* sends that returned with bytes not yet posted (small ones
+                             coalescing, or write credits short), posted by the next
+                             call or within ~50 us */
 };
 
 /* One-sided writes, in the spirit of rsockets' riomap/riowrite. A program exposes a buffer
