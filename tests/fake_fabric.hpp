@@ -21,8 +21,9 @@ void install();
 // The area of the node with that LID, as the node itself sees it.
 void *area(uint16_t lid);
 
-// Doorbells rung for the node with that LID are dropped while `deaf`: its
-// progress thread leaves what peers post to the node's own polls.
+// Doorbells rung for the node with that LID are dropped while `deaf`, and its
+// polls set no mask: its progress thread leaves what peers post to the node's
+// own polls (but for its once-a-second membership check).
 void deafen(uint16_t lid, bool deaf);
 
 // Each move the node with that LID makes out of a peer's window (a pull, a READ)
