@@ -403,9 +403,11 @@ bool travels(const SendWqe &w) {
   return w.ah == nullptr && (op.recv_wc || is_atomic(op));
 }
 
-// A WR the requester executes itself (RDMA WRITE or READ) waits for the
-// answers to the requests before it: it would otherwise land first (a WRITE
-// over the bytes of an atomic before it, or past an RNR'd SEND).
+// A WRITE with immediate too long for a record: its bytes are placed here.
+bool places_bytes(const SendWqe &w) {
+  return w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && total_length(w) > kRecordInline;
+}
+
 // Where [addr, addr + len) of the target's MR rkey is in the target's memory,
 // as the mirror of its tables says; false when it does not say.
 bool target_va(const Qp *qp, uint32_t rkey, uint64_t addr, uint64_t len, uint64_t *va) {
@@ -433,7 +435,7 @@ bool placed_waits(const Qp *qp, const SendWqe &w) {
     if (x.done) continue;
     if (x.opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return true;
     const uint64_t xlen = total_length(x);
-    if (xlen == 0 || xlen > kRecordInline) continue;
+    if (xlen == 0 || places_bytes(x)) continue;
     uint64_t xva;
     if (!target_va(qp, x.rkey, x.remote_addr, xlen, &xva) || (xva < va + len && va < xva + xlen))
       return true;
@@ -441,12 +443,15 @@ bool placed_waits(const Qp *qp, const SendWqe &w) {
   return false;
 }
 
+// A WR the requester executes itself (RDMA WRITE or READ) waits for the
+// answers to the requests before it: it would otherwise land first (a WRITE
+// over the bytes of an atomic before it, or past an RNR'd SEND). Requests go
+// out behind unanswered ones, a placed WRITE with immediate as placed_waits says.
 bool behind_answers(const Qp *qp, const SendWqe &w) {
   if (qp->halted) return true;
   if (!qp->unanswered) return false;
   if (!travels(w)) return true;
-  if (w.opcode != IBV_WR_RDMA_WRITE_WITH_IMM || total_length(w) <= kRecordInline) return false;
-  return placed_waits(qp, w);
+  return places_bytes(w) && placed_waits(qp, w);
 }
 
 // A WR that may be executed again (it waits, or a go-back may resend it)
