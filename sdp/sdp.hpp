@@ -33,7 +33,7 @@ struct Config {
   // 2 MiB: the best single threshold of scripts/sdp-bench.sh's sweep (1-8 connections).
   int zcopy_thresh = 2 << 20;
   uint32_t ring_bytes = 1u << 20;  // PCIENTB_SDP_RING (receive ring per direction)
-  int spin_us = 50;                // PCIENTB_SDP_SPIN_US: busy-poll before sleeping
+  int spin_us = 50;                // PCIENTB_SDP_SPIN_US: busy-poll before sleeping (least)
   std::string fabric;              // the provider's (pcientb_fabric_name)
   // The fabric as discovery names carry it: the name, or a hash of a long one (an abstract
   // socket name holds 107 bytes, and a cut one could meet another fabric's).
