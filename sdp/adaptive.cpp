@@ -14,7 +14,10 @@
 // clearly (at most 1 in 64), so that a change of conditions is seen and a loser costs little;
 // it takes over when it wins two such trials in a row. Each size class warms up each path
 // for an epoch first (registration caches, page faults), and keeps estimates per number of
-// sockets that sent in an epoch (1, 2, 3-4, 5+).
+// sockets that sent in an epoch (1, 2, 3-4, 5+): those that completed a send in it, or as
+// many as were in a send at once, if more (a socket whose send outlasts the epoch sends too:
+// counting only the completions filed an epoch of 8 sockets after a slow one under 3-4, and
+// the path that had been slow kept a stale figure for 5+ for ever).
 #include <algorithm>
 #include <mutex>
 
@@ -55,7 +58,9 @@ struct Cell {
   // time from the first to the last.
   uint64_t first_ns = 0, last_ns = 0, first_bytes = 0, bytes = 0;
   uint32_t sends = 0;
-  uint32_t sockets = 0;  // distinct sockets that completed a send in the epoch
+  uint32_t sockets = 0;    // distinct sockets that completed a send in the epoch
+  uint32_t in_flight = 0;  // sends of this size class under way (any epoch's)
+  uint32_t peak = 0;       // the most under way at once in the epoch
 };
 
 std::mutex g_mu;
@@ -77,7 +82,7 @@ const char *conn_label(int c) {
 
 // Takes the figure of the epoch that ends (g_mu held).
 void close_epoch(Cell &c, int size) {
-  const int conns = conn_bucket(c.sockets);
+  const int conns = conn_bucket(std::max(c.sockets, c.peak));
   // The first epoch of a path warms up (registration caches, page faults): not a figure.
   const bool warm = c.warm[c.zcopy];
   c.warm[c.zcopy] = true;
@@ -137,13 +142,14 @@ void open_epoch(Cell &c, uint64_t now) {
   c.bytes = 0;
   c.sends = 0;
   c.sockets = 0;
+  c.peak = c.in_flight;
 }
 
 }  // namespace
 
 AutoSend::AutoSend(Sock &s, size_t len) : s_(s), size_(size_bucket(len)) {
-  const uint64_t now = now_ns();
   std::lock_guard<std::mutex> lk(g_mu);
+  const uint64_t now = now_ns();  // after the lock: another thread may have opened an epoch
   Cell &c = g_cells[size_];
   // An epoch ends at its time with enough sends, or when it has waited long for them.
   if (c.epoch && now - c.start_ns >= kEpochNs &&
@@ -154,6 +160,12 @@ AutoSend::AutoSend(Sock &s, size_t len) : s_(s), size_(size_bucket(len)) {
   if (!c.epoch) open_epoch(c, now);
   epoch_ = c.epoch;
   zcopy_ = c.zcopy;
+  c.peak = std::max(c.peak, ++c.in_flight);
+}
+
+AutoSend::~AutoSend() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  --g_cells[size_].in_flight;
 }
 
 void AutoSend::done(size_t sent, bool went_zcopy) {

@@ -289,6 +289,7 @@ struct Sock;
 class AutoSend {
  public:
   AutoSend(Sock &s, size_t len);
+  ~AutoSend();
   AutoSend(const AutoSend &) = delete;
   AutoSend &operator=(const AutoSend &) = delete;
   bool zcopy() const { return zcopy_; }
