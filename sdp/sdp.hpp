@@ -356,8 +356,7 @@ struct Sock : std::enable_shared_from_this<Sock> {
   std::atomic<bool> tx_tcp{false};
   std::string backlog;
   size_t backlog_off = 0;
-  uint64_t linger_until_ns = 0;  // closed, and kept until then at most (stream_close)
-  uint64_t linger_consumed = 0;  // ... until the peer has consumed this much of the stream
+  uint64_t linger_until_ns = 0;  // closed with data the peer has not read: kept until then
 
   // Receive side: the records the peer wrote into this side's ring.
   uint64_t rx_produced = 0;  // ring bytes announced by the peer's immediates

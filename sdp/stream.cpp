@@ -1737,32 +1737,23 @@ bool stream_close(Sock &s) {
   while (s.wz_claiming && s.link.qp && !s.error) wait_until(s, lk, [&] { return !s.wz_claiming; });
   if (!s.link.qp) return false;
   const uint64_t data_end = s.tx_pos;  // what a FIN follows
-  bool fin = false;
   if (s.state == State::kSdp && !s.tx_tcp) {
     check_peer(s);
     // A peer whose process closed its socket reads nothing more: no FIN, no wait.
-    fin = !s.peer_gone && send_fin(s, lk, 1000);
+    if (!s.peer_gone && send_fin(s, lk, 1000)) wait_last_write(s);
   }
   write_stats(s);
   // What this side sent is in the peer's ring, which outlives this side's QP, unless the
   // peer hands the connection back to TCP before reading it (it forks and closes): then this
   // side must send it again. So a connection the peer has not read to the end stays a while
-  // (not when this side leaves data unread itself: TCP resets such a connection). So does
-  // one whose FIN has not landed yet (it must be in the peer's ring before the QP goes): the
-  // flusher ends both, and close returns at once, as TCP's does (a short connection's close
-  // waited a round trip to the peer's progress thread). Not when the peer's FIN is unread:
-  // a link destroyed now gives its rings to the next connection (lingering, it made the next
-  // one register new rings).
+  // (not when this side leaves data unread itself: TCP resets such a connection).
   progress(s);
   const bool unread = s.tx_tcp ? !drain_backlog(s) : s.peer_consumed < data_end;
-  if (s.state == State::kSdp && (unread || (fin && s.sq_used)) && s.rx_pos == s.rx_produced &&
-      !s.peer_gone && !s.error) {
+  if (s.state == State::kSdp && unread && s.rx_pos == s.rx_produced && !s.peer_gone && !s.error) {
     s.linger_until_ns = now_ns() + 10000000000ull;
-    s.linger_consumed = unread ? s.tx_pos : data_end;  // with its FIN when the peer is behind
     linger_add(s);
     return true;
   }
-  if (fin) wait_last_write(s);
   link_destroy(s.link);
   return false;
 }
@@ -1836,8 +1827,7 @@ namespace {
 struct Flusher {
   std::mutex mu;
   std::condition_variable cv;
-  bool waiting = false;  // on cv: the next held send wakes it (else it comes by itself)
-  bool idle = false;     // ... with nothing lingering either: a lingering one wakes it too
+  bool waiting = false;  // on cv: the next add wakes it (else it comes by itself)
   std::vector<std::weak_ptr<Sock>> list;
   std::vector<std::shared_ptr<Sock>> lingering;  // closed: the program holds them no more
 };
@@ -1852,14 +1842,12 @@ bool linger_step(Sock &s) {
   progress(s);
   if (s.tx_tcp) drain_backlog(s);
   check_peer(s);
-  // Its FIN consumed too when the peer was behind (the peer acks it at once): all was read.
-  // Else its FIN landed.
-  const bool read =
-      s.tx_tcp ? s.backlog.empty() : s.peer_consumed >= s.linger_consumed && !s.sq_used;
+  // Its FIN consumed too (the peer acks it at once): all was read.
+  const bool read = s.tx_tcp ? s.backlog.empty() : s.peer_consumed >= s.tx_pos;
   if (!read && !s.error && !s.peer_gone && now_ns() < s.linger_until_ns) return false;
-  if (!read && s.peer_consumed < s.linger_consumed)
+  if (!read)
     logf("fd %d: closed before the peer read %llu ring bytes", s.fd,
-         (unsigned long long)(s.linger_consumed - s.peer_consumed));
+         (unsigned long long)(s.tx_pos - s.peer_consumed));
   link_destroy(s.link);
   real().close(s.fd);
   s.linger_until_ns = 0;
@@ -1891,29 +1879,14 @@ void flusher_main(Flusher *f) {
   for (;;) {
     std::vector<std::weak_ptr<Sock>> list;
     {
-      // Lingering connections are looked at once a millisecond: a churning server has some
-      // at all times, and each look of ~50 us cost it a wakeup.
       std::unique_lock<std::mutex> lk(f->mu);
       f->waiting = true;
-      while (f->list.empty()) {
-        const uint64_t now = now_ns();
-        f->idle = f->lingering.empty();
-        if (f->idle)
-          f->cv.wait(lk);
-        else if (now < next_linger)
-          f->cv.wait_for(lk, std::chrono::nanoseconds(next_linger - now));
-        else
-          break;
-      }
-      f->waiting = f->idle = false;
+      f->cv.wait(lk, [f] { return !f->list.empty() || !f->lingering.empty(); });
+      f->waiting = false;
     }
-    if (now_ns() >= next_linger) {
+    if (now_ns() >= next_linger) {  // lingering connections: once a millisecond
       linger_round(f);
       next_linger = now_ns() + 1000000;
-    }
-    {
-      std::lock_guard<std::mutex> lk(f->mu);
-      if (f->list.empty()) continue;
     }
     // Most held sends are posted by the program's next call; come by once in a while.
     std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -1963,7 +1936,7 @@ void linger_add(Sock &s) {
   Flusher *f = the_flusher();
   std::lock_guard<std::mutex> lk(f->mu);
   f->lingering.push_back(s.shared_from_this());
-  if (f->idle) f->cv.notify_one();
+  if (f->waiting) f->cv.notify_one();
 }
 
 }  // namespace
