@@ -60,8 +60,9 @@ short own_events(const Sock &s) {
 // Linux adapts a vCPU's halt-polling: an event loop whose events come a little after the
 // spin ends (redis with 50 clients: a batch every ~100 us) pays two wakeups per batch, the
 // provider's progress thread's and its own. A wait whose sleep ended within what a spin of
-// up to 8x spin_us would have covered doubles the window; a longer one (an idle loop, a
-// timeout) halves it, down to spin_us: an idle connection still costs no CPU.
+// up to 8x spin_us would have covered doubles the window; a longer one (an idle loop), or a
+// wait that timed out (spinning or asleep), halves it, down to spin_us: an idle connection
+// still costs no CPU, nor does a loop of waits shorter than the window.
 class SpinWindow {
  public:
   int64_t ns() {
@@ -70,24 +71,31 @@ class SpinWindow {
   }
   void slept(int64_t slept_ns) {
     const int64_t spun = ns();
-    window_ = spun + slept_ns <= most() ? std::min(most(), 2 * spun) : std::max(least(), spun / 2);
+    window_ = spun + slept_ns <= most() ? std::min(most(), 2 * spun) : shrunk();
   }
+  void timed_out() { window_ = shrunk(); }
 
  private:
   static int64_t least() { return int64_t(config().spin_us) * 1000; }
   static int64_t most() { return 8 * least(); }
+  int64_t shrunk() { return std::max(least(), ns() / 2); }
   int64_t window_ = -1;
 };
 __attribute__((tls_model("initial-exec"))) thread_local SpinWindow t_spin;
 
-// Tells the thread's window, when the wait ends, how long it slept after its spin.
+// Tells the thread's window, when the wait ends, how long it slept after its spin, or that
+// it timed out.
 struct SleepRecord {
   int64_t since = -1;  // when the first sleep began; -1: it has not slept
+  bool timed_out = false;
   void sleeping(int64_t spin_end) {
     if (since < 0) since = spin_end;
   }
   ~SleepRecord() {
-    if (since >= 0) t_spin.slept(int64_t(now_ns()) - since);
+    if (timed_out)
+      t_spin.timed_out();
+    else if (since >= 0)
+      t_spin.slept(int64_t(now_ns()) - since);
   }
 };
 
@@ -164,7 +172,10 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     kidx.resize(plain);
     if (ready) return ready;
     const int64_t now = int64_t(now_ns());
-    if (deadline >= 0 && now >= deadline) return 0;
+    if (deadline >= 0 && now >= deadline) {
+      record.timed_out = true;
+      return 0;
+    }
     if (now < spin_end) {
       sched_yield();
       continue;
@@ -619,7 +630,10 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
       if (kn > 0) n = take_kernel(epfd, *set, k.data(), kn, out, n, max);
     }
     if (n) return n;
-    if (deadline >= 0 && now >= deadline) return 0;
+    if (deadline >= 0 && now >= deadline) {
+      record.timed_out = true;
+      return 0;
+    }
     if (now < spin_end) {
       if (kernel)
         sched_yield();
