@@ -92,7 +92,9 @@ class FakeFabric final : public Fabric {
   const char *name() const override { return name_.c_str(); }
   void *area() override { return me_->area; }
   size_t area_size() const override { return kArea; }
-  void discard(size_t off, size_t len) override { madvise(me_->area + off, len, MADV_DONTNEED); }
+  void discard(size_t off, size_t len, bool) override {
+    madvise(me_->area + off, len, MADV_DONTNEED);
+  }
   bool member() override { return me_->life.load() != 0; }
 
   Peer *peer(uint16_t lid) override {

@@ -162,6 +162,7 @@ Off Node::alloc(size_t bytes) {
     if (bump_ + bytes > fab_->area_size()) return 0;
     off = bump_;
     bump_ += bytes;
+    kept_above_ -= std::min(kept_above_, bytes);
   }
   used_[off] = bytes;
   return off;
@@ -174,7 +175,8 @@ void Node::free(Off off) {
   if (u == used_.end()) return;
   size_t size = u->second;
   used_.erase(u);
-  fab_->discard(off, size);
+  const Off piece = off;
+  const size_t piece_size = size;
   // Merge with the free blocks on either side.
   if (auto next = free_at_.find(off + size); next != free_at_.end()) {
     free_by_size_.erase({next->second, next->first});
@@ -190,10 +192,19 @@ void Node::free(Off off) {
       free_at_.erase(prev);
     }
   }
+  // A piece freed in a small free block is likely the next allocation's (churning QPs): it
+  // stays resident, zeroed. In a large one it goes back to the system, and so does the top of
+  // the area once 1 MiB above it is kept: memory used in a burst is not kept for ever.
+  constexpr size_t kKeep = 1 << 20;
   if (off + size == bump_) {
     bump_ = off;  // the top of the area shrinks instead
+    kept_above_ += size;
+    const bool keep = kept_above_ < kKeep;
+    fab_->discard(keep ? piece : bump_, keep ? piece_size : kept_above_, keep);
+    if (!keep) kept_above_ = 0;
     return;
   }
+  fab_->discard(piece, piece_size, size < kKeep);
   free_at_[off] = size;
   free_by_size_.insert({size, off});
 }

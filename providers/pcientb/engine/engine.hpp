@@ -225,8 +225,9 @@ class Node {
   std::atomic<uint32_t> next_pd_{0};
   std::atomic<uint32_t> next_epoch_{0};
 
-  std::mutex mu_;                                  // tables and allocator
-  Off bump_ = 0;                                   // the area above is untouched
+  std::mutex mu_;          // tables and allocator
+  Off bump_ = 0;           // the area above is untouched, but for
+  size_t kept_above_ = 0;  // ... this much just above it: freed, zeroed, still resident
   std::map<Off, size_t> used_, free_at_;           // blocks by offset
   std::set<std::pair<size_t, Off>> free_by_size_;  // free blocks, smallest first
   std::atomic<uint32_t> quota_[kQuotas] = {};

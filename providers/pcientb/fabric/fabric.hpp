@@ -85,9 +85,10 @@ class Fabric {
   // This node's engine area (peer-reachable) and its size.
   virtual void *area() = 0;
   virtual size_t area_size() const = 0;
-  // [off, off + len) of the area (whole pages) is no longer used: its memory
-  // goes back, and it reads as zeros from then on.
-  virtual void discard(size_t off, size_t len) = 0;
+  // [off, off + len) of the area (whole pages) is no longer used: it reads as
+  // zeros from then on, and its memory goes back unless `reuse` (the engine
+  // expects to allocate it again soon: keeping it saves faulting it in).
+  virtual void discard(size_t off, size_t len, bool reuse) = 0;
 
   // Whether this node still holds its place on the fabric (a system call);
   // false once its entry was removed or taken: the device is lost.

@@ -197,12 +197,11 @@ class EmuFabric final : public Fabric {
   const char *name() const override { return name_.c_str(); }
   void *area() override { return reinterpret_cast<uint8_t *>(hdr_) + kHeaderSize; }
   size_t area_size() const override { return kAreaSize; }
-  // Small ranges (a QP's queues, a CQ) are zeroed in place: punching them out unmapped them in
-  // every peer that maps the area (a TLB shootdown each) and the next QP faulted them in again,
-  // which was a tenth of a short SDP connection's time. Large ones go back to the system.
-  void discard(size_t off, size_t len) override {
-    constexpr size_t kPunchFrom = 1 << 20;
-    if (len < kPunchFrom)
+  // What is reused soon (a QP's queues, for the next QP) is zeroed in place: punching it out
+  // unmapped it in every peer that maps the area (a TLB shootdown each) and the next QP
+  // faulted it in again, a tenth of a short SDP connection's time.
+  void discard(size_t off, size_t len, bool reuse) override {
+    if (reuse)
       memset(static_cast<uint8_t *>(area()) + off, 0, len);
     else
       fallocate(seg_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,

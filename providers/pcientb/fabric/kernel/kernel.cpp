@@ -73,7 +73,7 @@ class KernelFabric final : public Fabric {
   void *area() override { return area_; }
   size_t area_size() const override { return info_.area_size; }
   // The module's areas are allocated whole: a discarded range is only zeroed.
-  void discard(size_t off, size_t len) override { memset(area_ + off, 0, len); }
+  void discard(size_t off, size_t len, bool) override { memset(area_ + off, 0, len); }
 
   bool member() override {
     ib_uverbs_query_port_resp r{};
