@@ -1,11 +1,11 @@
 // poll, ppoll, select, pselect and epoll over SDP sockets and ordinary descriptors together.
 //
-// The kernel cannot see an SDP socket's data (it arrives in the ring by RDMA), so a waiter
-// asks the stream for readiness, busy-polls a while (SpinWindow), then sleeps in the kernel on the
-// ordinary descriptors plus, for each SDP socket, its completion channel (armed: the next
-// arrival, data or credit, wakes it) and its kernel socket (the peer's end). For epoll the
-// program's registrations of SDP sockets live here (level- and edge-triggered, oneshot) and
-// the kernel set holds those two descriptors with tagged data.
+// The kernel cannot see an SDP socket's data (it arrives in the ring by RDMA), so a waiter asks the
+// stream for readiness, busy-polls a while (SpinWindow), then sleeps in the kernel on the ordinary
+// descriptors plus, for each SDP socket, its completion channel (armed: the next arrival, data or
+// credit, wakes it) and its kernel socket (the peer's end). For epoll the program's registrations
+// of SDP sockets live here (level- and edge-triggered, oneshot) and the kernel set holds those two
+// descriptors with tagged data.
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>

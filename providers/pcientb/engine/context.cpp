@@ -199,9 +199,12 @@ void Node::free(Off off) {
   if (off + size == bump_) {
     bump_ = off;  // the top of the area shrinks instead
     kept_above_ += size;
-    const bool keep = kept_above_ < kKeep;
-    fab_->discard(keep ? piece : bump_, keep ? piece_size : kept_above_, keep);
-    if (!keep) kept_above_ = 0;
+    if (kept_above_ < kKeep) {
+      fab_->discard(piece, piece_size, true);
+    } else {
+      fab_->discard(bump_, kept_above_, false);
+      kept_above_ = 0;
+    }
     return;
   }
   fab_->discard(piece, piece_size, size < kKeep);
