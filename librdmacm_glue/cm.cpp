@@ -62,6 +62,12 @@ enum : uint32_t {
 constexpr uint32_t kUdpQkey = 0x01234567;               // RDMA_UDP_QKEY
 constexpr auto kReqTimeout = std::chrono::seconds(5);   // no MRA/REP: unreachable
 constexpr auto kDreqTimeout = std::chrono::seconds(2);  // no DREP: disconnected anyway
+// A REQ to a port nobody listens on yet waits this long for a listener before it is
+// rejected. Programs that sync out of band and then listen and connect at once
+// (perftest -R) race on hardware too, where address and route resolution give the
+// listener milliseconds; here resolution is instant.
+constexpr auto kListenerGrace = std::chrono::seconds(1);
+constexpr auto kListenerRetry = std::chrono::milliseconds(5);
 constexpr int kBacklog = 1024;
 
 enum class St {
@@ -94,7 +100,9 @@ struct Id {
   int port_fd = -1;  // holds the port's name; listens when st == kListen
   int conn_fd = -1;  // to the peer, for this connection's CM messages
   bool peer_gone = false;
-  Clock::time_point deadline{};  // {} = none
+  Clock::time_point deadline{};     // {} = none
+  std::unique_ptr<Msg> unsent_req;  // kReqSent, no listener yet: sent again at the deadline
+  Clock::time_point listener_wait_end{};
   uint32_t events_reported = 0;
   // Local QP, as given to CONNECT or ACCEPT.
   uint32_t qpn = 0, psn = 0;
@@ -481,6 +489,41 @@ int resolve_addr(State &s, Id &id, const sockaddr *src, const sockaddr *dst) {
   return 0;
 }
 
+// No listener has the port (or its backlog is full): the REQ is sent again until
+// the grace ends, then answered as by a CM with no such service.
+void retry_or_reject(Id &id) {
+  const auto now = Clock::now();
+  if (now < id.listener_wait_end) {
+    id.deadline = std::min(now + kListenerRetry, id.listener_wait_end);
+    return;
+  }
+  id.unsent_req.reset();
+  id.deadline = {};
+  id.st = St::kDisconnected;
+  if (is_ud(id))
+    push(id, kEvUnreachable, kSidrUnsupported);
+  else
+    push(id, kEvRejected, kRejInvalidServiceId);
+}
+
+// Nonzero only when no socket could be made.
+int send_request(State &s, Id &id) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  socklen_t len = 0;
+  sockaddr_un name = port_address(id.ps, port_of(reinterpret_cast<sockaddr *>(&id.dst)), &len);
+  if (connect(fd, reinterpret_cast<sockaddr *>(&name), len) == 0 && send_msg(fd, *id.unsent_req)) {
+    id.unsent_req.reset();
+    id.conn_fd = fd;
+    watch(s, fd, key(kConn, id.handle));
+    id.deadline = Clock::now() + kReqTimeout;
+    return 0;
+  }
+  close(fd);
+  retry_or_reject(id);
+  return 0;
+}
+
 int connect_id(State &s, Id &id, const rdma_ucm_conn_param &p) {
   if (id.st != St::kRouteResolved) return EINVAL;
   const uint8_t limit = is_ud(id) ? kSidrReqPrivate : kReqPrivate;
@@ -500,24 +543,14 @@ int connect_id(State &s, Id &id, const rdma_ucm_conn_param &p) {
   m.private_data_len = p.private_data_len;
   std::memcpy(m.private_data, p.private_data, p.private_data_len);
 
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errno;
-  socklen_t len = 0;
-  sockaddr_un name = port_address(id.ps, port_of(reinterpret_cast<sockaddr *>(&id.dst)), &len);
-  if (connect(fd, reinterpret_cast<sockaddr *>(&name), len) != 0 || !send_msg(fd, m)) {
-    // No listener (or a full backlog): the reply of a CM with no such service.
-    close(fd);
-    id.st = St::kDisconnected;
-    if (is_ud(id))
-      push(id, kEvUnreachable, kSidrUnsupported);
-    else
-      push(id, kEvRejected, kRejInvalidServiceId);
-    return 0;
-  }
-  id.conn_fd = fd;
-  watch(s, fd, key(kConn, id.handle));
+  id.unsent_req = std::make_unique<Msg>(m);
+  id.listener_wait_end = Clock::now() + kListenerGrace;
   id.st = St::kReqSent;
-  id.deadline = Clock::now() + kReqTimeout;
+  if (const int err = send_request(s, id); err != 0) {
+    id.unsent_req.reset();
+    id.st = St::kRouteResolved;
+    return err;
+  }
   wake(s);
   return 0;
 }
@@ -813,7 +846,9 @@ void on_message(State &s, Id &id, const Msg &m) {
 
 void on_deadline(State &s, Id &id) {
   id.deadline = {};
-  if (id.st == St::kReqSent) {
+  if (id.st == St::kReqSent && id.unsent_req) {
+    if (send_request(s, id) != 0) retry_or_reject(id);
+  } else if (id.st == St::kReqSent) {
     close_fd(s, id.conn_fd);
     id.st = St::kDisconnected;
     push(id, kEvUnreachable, -ETIMEDOUT);
@@ -891,11 +926,8 @@ void service_loop() {
       s.deferred.clear();
       const Clock::time_point now = Clock::now();
       for (auto &[h, id] : s.ids) {
-        if (id->deadline == Clock::time_point{}) continue;
-        if (id->deadline <= now) {
-          on_deadline(s, *id);
-          continue;
-        }
+        if (id->deadline != Clock::time_point{} && id->deadline <= now) on_deadline(s, *id);
+        if (id->deadline == Clock::time_point{}) continue;  // none, or on_deadline set none
         const auto ms = std::chrono::ceil<std::chrono::milliseconds>(id->deadline - now).count();
         timeout = timeout < 0 ? static_cast<int>(ms) : std::min(timeout, static_cast<int>(ms));
       }
