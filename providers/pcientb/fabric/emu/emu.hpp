@@ -250,11 +250,13 @@ class EmuFabric final : public Fabric {
   MoveStatus move(EmuPeer &p, WindowId w, uint64_t raddr, size_t len, Fn &&fn);
   MoveStatus copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len, bool to_peer);
   const WindowEntry *window(EmuPeer &p, WindowId w, uint32_t *gen);
-  int new_chunk(uint64_t va, uint64_t len, uint32_t *idx);
+  int new_chunk(uint64_t va, uint64_t len, bool anon, uint32_t *idx);
+  int copy_into(int fd, uint64_t va, uint64_t len, bool touched_only);
+  int pagemap();  // /proc/self/pagemap, or -1
   void put_region(uint64_t va);
   void drop_region(std::map<uint64_t, Region>::iterator it);
   void trim_cache();
-  bool still_moved(uint64_t a, uint64_t b);
+  bool still_moved(uint64_t start, const Region &r, uint64_t a, uint64_t b);
   void wait_for_movers(WindowId id);
 
   int start_life();

@@ -5,11 +5,12 @@
 //   address, so a peer maps the same pages and moves bytes with plain loads
 //   and stores, as through an NT window. Memory that cannot be moved (shared
 //   file mappings, read-only) is reached with process_vm_readv/writev.
-// - Moving costs a page allocation and a copy per page, so a chunk outlives
-//   its last registration (the registration cache): registering the same
-//   memory again reuses it once /proc/self/pagemap shows the pages are still
-//   the shared ones moved there. Unreferenced chunks are bounded by
-//   $PCIENTB_MR_CACHE bytes (default 256 MiB; 0 disables the cache).
+// - Moving costs a page allocation and a copy per page that holds data (pages
+//   never touched stay holes until used), so a chunk outlives its last
+//   registration (the registration cache): registering the same memory again
+//   reuses it once /proc/self/pagemap shows the pages are still the shared
+//   ones moved there. Unreferenced chunks are bounded by $PCIENTB_MR_CACHE
+//   bytes (default 256 MiB; 0 disables the cache).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -39,8 +40,9 @@ void own_chunk_name(char *out, size_t n, pid_t pid) {
 namespace {
 
 // Whether every page of [a, b) may move onto a memfd: private anonymous
-// read-write memory, or our own earlier chunks.
-bool remappable(uint64_t a, uint64_t b) {
+// read-write memory, or our own earlier chunks. *all_anon: all of it the former.
+bool remappable(uint64_t a, uint64_t b, bool *all_anon) {
+  *all_anon = true;
   FILE *f = fopen("/proc/self/maps", "re");
   if (!f) return false;
   char line[512];
@@ -60,6 +62,7 @@ bool remappable(uint64_t a, uint64_t b) {
     bool ours = strncmp(path, mine, strlen(mine)) == 0 && path[strlen(mine)] == ' ';
     bool rw = perms[0] == 'r' && perms[1] == 'w';
     if (!rw || !((anon && perms[3] == 'p') || (ours && perms[3] == 's'))) ok = false;
+    if (ours) *all_anon = false;
     if (!strncmp(path, "[vsyscall]", 10) || !strncmp(path, "[vvar]", 6)) ok = false;
     covered = hi;
   }
@@ -150,7 +153,68 @@ void fork_child() {
 
 // ---- registration --------------------------------------------------------
 
-int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
+namespace {
+
+// Writes [src, src + len) into fd at `off`. The raw system call: the range is
+// whole pages, beyond the caller's buffer, which a sanitizer's pwrite would
+// take for an overflow.
+int write_at(int fd, const char *src, uint64_t len, uint64_t off) {
+  while (len > 0) {
+    const long n = syscall(SYS_pwrite64, fd, src, len, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
+    src += n, len -= static_cast<uint64_t>(n), off += static_cast<uint64_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// Copies the pages of [va, va + len) into the memfd `fd` through the page
+// cache: no page of a mapping is faulted in for it (a fault is costly on these
+// VMs: copying through a mapping of the memfd took twice as long). With
+// `touched_only` (private anonymous memory), only the pages that hold data
+// (present or swapped out): one never touched reads as zeros, which the
+// memfd's hole already is, so a fresh buffer (an SDP ring) moves without a
+// copy and gets pages only where used. 0 or an errno.
+int EmuFabric::copy_into(int fd, uint64_t va, uint64_t len, bool touched_only) {
+  if (!touched_only) return write_at(fd, reinterpret_cast<const char *>(va), len, 0);
+  constexpr uint64_t kPresent = uint64_t{1} << 63, kSwapped = uint64_t{1} << 62;
+  const int pm = pagemap();
+  if (pm < 0) return errno ? errno : EIO;
+  uint64_t entries[512];
+  uint64_t run = 0, run_len = 0;  // pages with data not yet written
+  for (uint64_t done = 0; done < len;) {
+    const size_t n = std::min<uint64_t>(std::size(entries), (len - done) / kPage);
+    const off_t at = static_cast<off_t>((va + done) / kPage * 8);
+    if (pread(pm, entries, n * 8, at) != static_cast<ssize_t>(n * 8)) return errno ? errno : EIO;
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t off = done + i * kPage;
+      if (entries[i] & (kPresent | kSwapped)) {
+        if (run_len == 0) run = off;
+        run_len += kPage;
+        continue;
+      }
+      if (run_len == 0) continue;
+      if (const int err = write_at(fd, reinterpret_cast<const char *>(va + run), run_len, run))
+        return err;
+      run_len = 0;
+    }
+    done += n * kPage;
+  }
+  return run_len ? write_at(fd, reinterpret_cast<const char *>(va + run), run_len, run) : 0;
+}
+
+int EmuFabric::pagemap() {
+  if (pagemap_pid_ != getpid()) {  // /proc/self at open time: reopen in a child
+    if (pagemap_fd_ >= 0) close(pagemap_fd_);
+    pagemap_fd_ = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    pagemap_pid_ = getpid();
+  }
+  return pagemap_fd_;
+}
+
+int EmuFabric::new_chunk(uint64_t va, uint64_t len, bool anon, uint32_t *idx) {
   if (next_chunk_ >= kMaxChunks) {
     // Reuse a free entry; generations tell old mappings apart.
     uint32_t i = 1;
@@ -176,15 +240,10 @@ int EmuFabric::new_chunk(uint64_t va, uint64_t len, uint32_t *idx) {
     return e;
   }
   // Copy, then atomically replace the private pages at va with the shared
-  // copy; other threads' stores in between wait (move_guard.hpp).
+  // copy; other threads' stores in between wait (move_guard.hpp). Our own
+  // chunk's pages are copied whole: a hole there may hold what a peer wrote.
   const int moved = emu::guarded_move(va, len, [&]() -> int {
-    // Whole pages, beyond the caller's buffer: a kernel copy, which
-    // sanitizers do not take for an overflow of the buffer.
-    struct iovec to {
-      tmp, len
-    }, from{reinterpret_cast<void *>(va), len};
-    if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) != static_cast<ssize_t>(len))
-      return errno ? errno : EFAULT;
+    if (const int err = copy_into(fd, va, len, anon); err != 0) return err;
     if (kernel::mremap_fixed(tmp, len, reinterpret_cast<void *>(va)) == MAP_FAILED) return errno;
     return 0;
   });
@@ -229,7 +288,7 @@ int EmuFabric::expose(void *addr, size_t len, WindowId *out) {
     if (it != regions_.end() && it->first <= at) {
       Region &r = it->second;
       uint64_t end = std::min(b, it->first + r.len);
-      if (!still_moved(at, end)) {
+      if (!still_moved(it->first, r, at, end)) {
         // Unmapped and mapped anew since it was moved: a cached region is
         // stale; one that a registration still uses stays for it (the
         // new registration gets a copy window).
@@ -248,7 +307,8 @@ int EmuFabric::expose(void *addr, size_t len, WindowId *out) {
     }
     uint64_t next = it != regions_.end() ? std::min(b, it->first) : b;
     uint32_t ci;
-    if (!remappable(at, next) || new_chunk(at, next - at, &ci) != 0) {
+    bool anon = false;
+    if (!remappable(at, next, &anon) || new_chunk(at, next - at, anon, &ci) != 0) {
       mapped = false;
       break;
     }
@@ -303,21 +363,25 @@ void EmuFabric::trim_cache() {
   }
 }
 
-// Whether every page of [a, b) is present and shared: still the chunk's pages
-// a registration moved there, not private memory mapped anew. pagemap gives
-// these flags to unprivileged processes (frame numbers only to the admin).
-bool EmuFabric::still_moved(uint64_t a, uint64_t b) {
+// Whether [a, b) of the region at `start` is still the chunk's memory a
+// registration moved there, not memory mapped anew: the region still one
+// mapping of the chunk's memfd (one stat; it holds for pages never touched,
+// holes of the memfd, too). When the mapping was split since (mprotect of a
+// part), every page of [a, b) present and shared will do (pagemap gives these
+// flags to unprivileged processes, frame numbers only to the admin).
+bool EmuFabric::still_moved(uint64_t start, const Region &r, uint64_t a, uint64_t b) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(start),
+           static_cast<unsigned long>(start + r.len));
+  struct stat st {};
+  if (stat(path, &st) == 0 && st.st_ino == hdr_->chunks[r.chunk].ino) return true;
   constexpr uint64_t kPresent = uint64_t{1} << 63, kShared = uint64_t{1} << 61;
-  if (pagemap_pid_ != getpid()) {  // /proc/self at open time: reopen in a child
-    if (pagemap_fd_ >= 0) close(pagemap_fd_);
-    pagemap_fd_ = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    pagemap_pid_ = getpid();
-  }
-  if (pagemap_fd_ < 0) return false;
+  const int pm = pagemap();
+  if (pm < 0) return false;
   uint64_t entries[512];
   for (uint64_t page = a / kPage; page < b / kPage;) {
     size_t n = std::min<uint64_t>(std::size(entries), b / kPage - page);
-    ssize_t got = pread(pagemap_fd_, entries, n * 8, static_cast<off_t>(page * 8));
+    ssize_t got = pread(pm, entries, n * 8, static_cast<off_t>(page * 8));
     if (got != static_cast<ssize_t>(n * 8)) return false;
     for (size_t i = 0; i < n; ++i)
       if ((entries[i] & (kPresent | kShared)) != (kPresent | kShared)) return false;
