@@ -233,9 +233,8 @@ bool link_create(Link &l, std::atomic<int> *sleepers) {
     }
   }
   if (l.ring) {
-    // As fresh memory reads: the receiver looks at the record at its position before the
-    // peer's write announcing it arrives.
-    memset(l.ring, 0, l.ring_bytes);
+    // The ring keeps the old connection's bytes: a receiver reads only what the peer's
+    // immediates announced. The ack page is read as it stands (claims, the ack slot).
     memset(static_cast<void *>(l.page), 0, 4096);
   } else {
     l.ring = static_cast<char *>(map_buffer(l.ring_bytes));

@@ -1705,13 +1705,12 @@ bool send_fin(Sock &s, SockLock &lk, int wait_ms) {
 }
 
 // After the last write was posted: waits (1 s at most) until it landed, so that it is in the
-// peer's ring before the QP goes.
-void wait_last_write(Sock &s) {
-  const uint64_t end = now_ns() + 1000000000ull;
-  while (s.sq_used && !s.error && !s.peer_gone && now_ns() < end) {
-    progress(s);
-    if (s.sq_used) check_peer(s);
-  }
+// peer's ring before the QP goes. It lands when the peer's progress thread has placed it: a
+// spin that does not yield (two cores) kept that thread from running, and the sleep after
+// the spin ends with the write's completion (a FIN or REVERT is signaled).
+void wait_last_write(Sock &s, SockLock &lk) {
+  (void)wait_until(
+      s, lk, [&] { return !s.sq_used || s.peer_gone; }, 1000000000);
 }
 
 }  // namespace
@@ -1740,7 +1739,7 @@ bool stream_close(Sock &s) {
   if (s.state == State::kSdp && !s.tx_tcp) {
     check_peer(s);
     // A peer whose process closed its socket reads nothing more: no FIN, no wait.
-    if (!s.peer_gone && send_fin(s, lk, 1000)) wait_last_write(s);
+    if (!s.peer_gone && send_fin(s, lk, 1000)) wait_last_write(s, lk);
   }
   write_stats(s);
   // What this side sent is in the peer's ring, which outlives this side's QP, unless the
@@ -1792,12 +1791,12 @@ void stream_revert(Sock &s) {
         if (!s.link.qp) return;
       }
     } else if (!s.peer_gone && send_control(s, lk, kRevert, 1000)) {
-      wait_last_write(s);
+      wait_last_write(s, lk);
       logf("fd %d: handed back to TCP (had consumed %llu ring bytes)", s.fd,
            (unsigned long long)s.rx_pos);
     } else if (!s.peer_gone && !s.error) {
       logf("fd %d: could not hand the connection back to TCP: closed", s.fd);
-      if (send_fin(s, lk, 1000)) wait_last_write(s);
+      if (send_fin(s, lk, 1000)) wait_last_write(s, lk);
     }
   }
   write_stats(s);
