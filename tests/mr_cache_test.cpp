@@ -18,6 +18,7 @@
 
 #include <pcientb/pcientb.h>
 
+#include "own_memfds.hpp"
 #include "verbs_helpers.hpp"
 
 namespace pcientb::test {
@@ -146,20 +147,6 @@ TEST(MrCache, UntouchedMemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
 
 // ---- what registration costs in the emulated fabric ---------------------------------
 
-// The file mapped at exactly [addr, addr + len) (stat of it), if any.
-bool mapped_file(const void *addr, size_t len, struct stat *st) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx",
-           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(addr)),
-           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(addr) + len));
-  return stat(path, st) == 0;
-}
-
-ino_t mapped_inode(const void *addr, size_t len) {
-  struct stat st {};
-  return mapped_file(addr, len, &st) ? st.st_ino : 0;
-}
-
 // Registration moves the pages onto the fabric's shared memory: only those that
 // hold data are copied (allocating shared pages); pages never touched stay
 // holes, which read as zeros, until used. A connection's fresh 1 MiB ring cost
@@ -174,9 +161,11 @@ TEST(MrCache, RegisteringUntouchedMemoryCopiesOnlyThePagesThatHoldData) {
   mem[0] = 0x5a;
   mem[kBig / 2 + 100] = 0xa5;
   MrPtr mr = reg_mr(pd.get(), mem, kBig, kAllAccess);
-  struct stat st {};
-  ASSERT_TRUE(mapped_file(mem, kBig, &st)) << "not moved onto the fabric's memory";
-  EXPECT_LE(st.st_blocks * 512, 2 * 4096) << "bytes of shared memory allocated for 2 pages used";
+  const ino_t moved = mapped_inode(mem, kBig);
+  const auto memfds = own_memfds();
+  ASSERT_TRUE(memfds.count(moved)) << "not moved onto the fabric's memory";
+  EXPECT_LE(memfds.at(moved).st_blocks * 512, 2 * 4096)
+      << "bytes of shared memory allocated for 2 pages used";
   EXPECT_EQ(mem[0], 0x5a);
   EXPECT_EQ(mem[kBig / 2 + 100], 0xa5);
   size_t nonzero = 0;

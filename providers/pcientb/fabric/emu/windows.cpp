@@ -9,12 +9,14 @@
 //   never touched stay holes until used), so a chunk outlives its last
 //   registration (the registration cache): registering the same memory again
 //   reuses it once /proc/self/pagemap shows the pages are still the shared
-//   ones moved there. Unreferenced chunks are bounded by $PCIENTB_MR_CACHE
-//   bytes (default 256 MiB; 0 disables the cache).
+//   ones moved there (and, where some are holes, the mapping is still the
+//   chunk's). Unreferenced chunks are bounded by $PCIENTB_MR_CACHE bytes
+//   (default 256 MiB; 0 disables the cache).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -181,7 +183,7 @@ int EmuFabric::copy_into(int fd, uint64_t va, uint64_t len, bool touched_only) {
   if (!touched_only) return write_at(fd, reinterpret_cast<const char *>(va), len, 0);
   constexpr uint64_t kPresent = uint64_t{1} << 63, kSwapped = uint64_t{1} << 62;
   const int pm = pagemap();
-  if (pm < 0) return errno ? errno : EIO;
+  if (pm < 0) return write_at(fd, reinterpret_cast<const char *>(va), len, 0);
   uint64_t entries[512];
   uint64_t run = 0, run_len = 0;  // pages with data not yet written
   for (uint64_t done = 0; done < len;) {
@@ -363,31 +365,65 @@ void EmuFabric::trim_cache() {
   }
 }
 
-// Whether [a, b) of the region at `start` is still the chunk's memory a
-// registration moved there, not memory mapped anew: the region still one
-// mapping of the chunk's memfd (one stat; it holds for pages never touched,
-// holes of the memfd, too). When the mapping was split since (mprotect of a
-// part), every page of [a, b) present and shared will do (pagemap gives these
-// flags to unprivileged processes, frame numbers only to the admin).
-bool EmuFabric::still_moved(uint64_t start, const Region &r, uint64_t a, uint64_t b) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(start),
-           static_cast<unsigned long>(start + r.len));
+namespace {
+
+// Whether [start, end) is exactly one mapping of the file (dev, ino): one stat of its
+// /proc/self/map_files entry where that is allowed (CAP_CHECKPOINT_RESTORE, or root), else
+// its line of /proc/self/maps.
+bool maps_exactly(uint64_t start, uint64_t end, dev_t dev, ino_t ino) {
+  char name[48];
+  const int n = snprintf(name, sizeof name, "%lx-%lx", static_cast<unsigned long>(start),
+                         static_cast<unsigned long>(end));
+  char path[80];
+  snprintf(path, sizeof path, "/proc/self/map_files/%s", name);
   struct stat st {};
-  if (stat(path, &st) == 0 && st.st_ino == hdr_->chunks[r.chunk].ino) return true;
+  if (stat(path, &st) == 0) return st.st_dev == dev && st.st_ino == ino;
+  if (errno != EPERM && errno != EACCES) return false;
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  char line[512];
+  bool same = false;
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, name, static_cast<size_t>(n)) != 0 || line[n] != ' ') continue;
+    unsigned major = 0, minor = 0;
+    unsigned long long inode = 0;
+    same = sscanf(line + n, " %*s %*s %x:%x %llu", &major, &minor, &inode) == 3 &&
+           makedev(major, minor) == dev && inode == ino;
+    break;
+  }
+  fclose(f);
+  return same;
+}
+
+}  // namespace
+
+// Whether [a, b) of the region at `start` is still the chunk's memory a
+// registration moved there, not memory mapped anew. Fast: every page present
+// and shared (pagemap gives these flags to unprivileged processes, frame
+// numbers only to the admin). Pages not present (holes of the memfd: moved
+// untouched, or never used since) need the mapping itself: the region still
+// one mapping of the chunk's memfd.
+bool EmuFabric::still_moved(uint64_t start, const Region &r, uint64_t a, uint64_t b) {
   constexpr uint64_t kPresent = uint64_t{1} << 63, kShared = uint64_t{1} << 61;
   const int pm = pagemap();
   if (pm < 0) return false;
   uint64_t entries[512];
+  bool holes = false;
   for (uint64_t page = a / kPage; page < b / kPage;) {
     size_t n = std::min<uint64_t>(std::size(entries), b / kPage - page);
     ssize_t got = pread(pm, entries, n * 8, static_cast<off_t>(page * 8));
     if (got != static_cast<ssize_t>(n * 8)) return false;
-    for (size_t i = 0; i < n; ++i)
-      if ((entries[i] & (kPresent | kShared)) != (kPresent | kShared)) return false;
+    for (size_t i = 0; i < n; ++i) {
+      if ((entries[i] & (kPresent | kShared)) == (kPresent | kShared)) continue;
+      if (entries[i] & kPresent) return false;  // a private page: mapped anew
+      holes = true;
+    }
     page += n;
   }
-  return true;
+  if (!holes) return true;
+  struct stat chunk {};
+  return fstat(hdr_->chunks[r.chunk].fd, &chunk) == 0 &&
+         maps_exactly(start, start + r.len, chunk.st_dev, chunk.st_ino);
 }
 
 void EmuFabric::unexpose(WindowId id) {
