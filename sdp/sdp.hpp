@@ -336,6 +336,7 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t tx_pos = 0;        // ring bytes written into the mirror (records included)
   uint64_t tx_posted = 0;     // ring bytes whose writes are posted (the rest coalesces)
   uint64_t pend_rec = ~0ull;  // position of the DATA record small sends still append to
+  uint64_t skip_at = ~0ull;   // a rewind's pad, not yet passed by tx_posted (stream.cpp)
   bool in_flush_list = false;
   bool force_signal = false;                   // the next post is signaled (close waits for it)
   bool reset_reported = false;                 // ECONNRESET was returned once; EPIPE from then on
