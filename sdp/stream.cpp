@@ -10,11 +10,13 @@
 // into the buffer the receiver offered).
 // A DATA record's arg says how far its sender had consumed the other direction's stream:
 // request/response traffic learns from each answer that its ring was read to the end, with
-// no ack. A sender that knows so starts its next small DATA record at the ring's start
-// (rewinds) instead of walking through every page of the ring: the pages stay warm (a page
-// touched the first time costs a fault on both sides, ~10 us on these VMs). The pad to the
-// ring's end is not written: the write at the start carries kImmRewind, and the receiver
-// puts the pad in its ring itself.
+// no ack. A sender that knows so starts its next DATA record at the ring's start (rewinds)
+// instead of walking through every page of the ring: the pages stay warm (a page touched the
+// first time costs a fault on both sides, ~10 us on these VMs). The rest of the ring is
+// skipped: a pad in the mirror, never written into the peer's ring; the first write at the
+// start carries kImmRewind, and the receiver, which has read everything before (the
+// sender's condition), moves its positions past the ring's end. The sender counts the skip
+// as read at once: no record is ever read there, so its credit stays whole.
 // The receiver returns credits with an ack: a write with immediate kImmAck of an AckBlock
 // into the sender's ack slot (ring bytes consumed, immediates reaped, SrcAvails read, cancel
 // answers, the receive buffer it offers). A sender never has more ring bytes or immediates
@@ -97,7 +99,7 @@ struct RevertAt {
 
 constexpr uint32_t kImmAck = 0x80000000u;
 constexpr uint32_t kImmRewind = 0x80000000u;  // with ring bytes (never 0): a rewind before them
-constexpr uint64_t kRewindAt = 65536;         // a ring position from which a small record rewinds
+constexpr uint64_t kRewindAt = 16384;         // a ring position from which a record rewinds
 constexpr uint64_t kCoalesceBytes = 16384;
 constexpr uint32_t kBurstImmediate = 4;
 constexpr uint64_t kRound = 16;
@@ -202,6 +204,10 @@ void fill_ack(Sock &s) {
 
 bool send_ack(Sock &s) {
   if (!s.link.qp || inherited(s) || s.tx_tcp) return false;
+  if (s.last_write_waited) {  // nothing follows a FIN or REVERT that close waits for
+    s.ack_wanted = true;
+    return false;
+  }
   if (s.error || credit_msgs(s) < 1) {
     s.ack_wanted = true;  // sent when credits come back
     return false;
@@ -355,13 +361,13 @@ int progress(Sock &s) {
           if (a.sink_check == sink_check(a))  // else torn by the next ack: that one tells
             s.peer_sink = {a.sink_seq, a.sink_addr, a.sink_at, a.sink_rkey, a.sink_len};
         } else {
-          if (imm & kImmRewind) {
-            // The pad to the ring's end that the sender did not write (before the bytes
-            // announced now: the sender writes no further until this side acks it).
-            const uint64_t at = s.rx_produced & (l.ring_bytes - 1);
-            *reinterpret_cast<Rec *>(l.ring + at) =
-                Rec{uint32_t(l.ring_bytes - at - kRound), kPad, 0, 0, 0};
-            s.rx_produced += l.ring_bytes - at;
+          if (imm & kImmRewind) {  // past the ring's end, unread (see top)
+            const uint64_t skip = l.ring_bytes - (s.rx_produced & (l.ring_bytes - 1));
+            if (s.rx_pos != s.rx_produced || s.rec_off) set_error(s, EPROTO);
+            if (s.rx_scan == s.rx_produced) s.rx_scan += skip;
+            s.rx_pos += skip;
+            s.acked_consumed += skip;  // the sender counted it read itself
+            s.rx_produced += skip;
             imm &= ~kImmRewind;
           }
           s.rx_produced += imm;
@@ -770,11 +776,11 @@ size_t append_data(Sock &s, IoCursor &cur, size_t want) {
   for (;;) {
     if (s.pend_rec == ~0ull) {
       const uint64_t off = s.tx_pos & (R - 1);
-      // Read to the end, and what comes fits before the ring's position (it is not
-      // credited back until the receiver has passed the pad): rewind.
+      // Read to the end: rewind (see top).
       if (off >= kRewindAt && s.peer_consumed == s.tx_pos && s.tx_posted == s.tx_pos &&
-          s.skip_at == ~0ull && want + 2 * kRound + kFinReserve <= off && put_pad(s)) {
+          s.skip_at == ~0ull && put_pad(s)) {
         s.skip_at = s.tx_pos - (R - off);
+        s.peer_consumed = s.tx_pos;
         continue;
       }
       if (R - off < 2 * kRound) {
@@ -1744,12 +1750,15 @@ bool send_fin(Sock &s, SockLock &lk, int wait_ms) {
 // it: each look yields, so that on two cores that thread runs.
 void wait_last_write(Sock &s) {
   const uint64_t end = now_ns() + 1000000000ull;
+  // An unsignaled ack posted now would keep sq_used above 0 for the whole second.
+  s.last_write_waited = true;
   while (s.sq_used && !s.error && !s.peer_gone && now_ns() < end) {
     progress(s);
     if (!s.sq_used) break;
     check_peer(s);
     sched_yield();
   }
+  s.last_write_waited = false;
 }
 
 }  // namespace

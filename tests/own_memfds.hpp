@@ -37,16 +37,14 @@ inline std::map<ino_t, struct stat> own_memfds() {
 
 // The inode of the file mapped at exactly [addr, addr + len), or 0.
 inline ino_t mapped_inode(const void *addr, size_t len) {
-  char name[48];
-  snprintf(name, sizeof name, "%lx-%lx ",
-           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(addr)),
-           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(addr) + len));
+  const auto lo = reinterpret_cast<uintptr_t>(addr), hi = lo + len;
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    if (line.rfind(name, 0) != 0) continue;
+    unsigned long a = 0, b = 0;
     unsigned long long inode = 0;
-    return sscanf(line.c_str() + strlen(name), "%*s %*s %*s %llu", &inode) == 1 ? inode : 0;
+    if (sscanf(line.c_str(), "%lx-%lx %*s %*s %*s %llu", &a, &b, &inode) == 3 && a == lo)
+      return b == hi ? inode : 0;
   }
   return 0;
 }

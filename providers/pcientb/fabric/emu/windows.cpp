@@ -27,6 +27,10 @@
 #include <cstring>
 #include <iterator>
 
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+
 #include "fabric/emu/emu.hpp"
 #include "fabric/emu/kernel_vm.hpp"
 #include "fabric/emu/move_guard.hpp"
@@ -159,10 +163,16 @@ namespace {
 
 // Writes [src, src + len) into fd at `off`. The raw system call: the range is
 // whole pages, beyond the caller's buffer, which a sanitizer's pwrite would
-// take for an overflow.
+// take for an overflow, and valgrind for a write of uninitialised bytes.
 int write_at(int fd, const char *src, uint64_t len, uint64_t off) {
   while (len > 0) {
+#ifdef VALGRIND_DISABLE_ERROR_REPORTING
+    VALGRIND_DISABLE_ERROR_REPORTING;
+#endif
     const long n = syscall(SYS_pwrite64, fd, src, len, off);
+#ifdef VALGRIND_ENABLE_ERROR_REPORTING
+    VALGRIND_ENABLE_ERROR_REPORTING;
+#endif
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return n < 0 ? errno : EIO;
     src += n, len -= static_cast<uint64_t>(n), off += static_cast<uint64_t>(n);
@@ -371,11 +381,9 @@ namespace {
 // /proc/self/map_files entry where that is allowed (CAP_CHECKPOINT_RESTORE, or root), else
 // its line of /proc/self/maps.
 bool maps_exactly(uint64_t start, uint64_t end, dev_t dev, ino_t ino) {
-  char name[48];
-  const int n = snprintf(name, sizeof name, "%lx-%lx", static_cast<unsigned long>(start),
-                         static_cast<unsigned long>(end));
   char path[80];
-  snprintf(path, sizeof path, "/proc/self/map_files/%s", name);
+  snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(start),
+           static_cast<unsigned long>(end));
   struct stat st {};
   if (stat(path, &st) == 0) return st.st_dev == dev && st.st_ino == ino;
   if (errno != EPERM && errno != EACCES) return false;
@@ -384,11 +392,13 @@ bool maps_exactly(uint64_t start, uint64_t end, dev_t dev, ino_t ino) {
   char line[512];
   bool same = false;
   while (fgets(line, sizeof line, f)) {
-    if (strncmp(line, name, static_cast<size_t>(n)) != 0 || line[n] != ' ') continue;
+    unsigned long lo = 0, hi = 0;
     unsigned major = 0, minor = 0;
     unsigned long long inode = 0;
-    same = sscanf(line + n, " %*s %*s %x:%x %llu", &major, &minor, &inode) == 3 &&
-           makedev(major, minor) == dev && inode == ino;
+    if (sscanf(line, "%lx-%lx %*s %*s %x:%x %llu", &lo, &hi, &major, &minor, &inode) != 5 ||
+        lo != start)
+      continue;
+    same = hi == end && makedev(major, minor) == dev && inode == ino;
     break;
   }
   fclose(f);
