@@ -783,6 +783,47 @@ TEST(Stream, RequestResponseStaysOnTheFirstPagesOfTheRings) {
       });
 }
 
+// A rewind does not cost buffering: the skipped rest of the ring is credit again at once, so
+// a large send right after request/response traffic is taken whole while the peer does not
+// read (600 KiB of the 1 MiB ring).
+TEST(Stream, AfterARewindTheWholeRingIsCreditAgain) {
+  static constexpr size_t kMsg = 4000, kRounds = 50, kLarge = 600 * 1024;
+  connected(
+      [](Channel &ch, int fd) {
+        std::vector<char> msg(kMsg, 'q'), in(kMsg);
+        for (size_t i = 0; i < kRounds; ++i) {
+          send_all(fd, msg.data(), kMsg);
+          recv_exact(fd, in.data(), kMsg);
+        }
+        std::vector<char> large = pattern(63, 0, kLarge);
+        const int flags = fcntl(fd, F_GETFL);
+        ASSERT_EQ(fcntl(fd, F_SETFL, flags | O_NONBLOCK), 0);
+        size_t taken = 0;
+        while (taken < kLarge) {
+          const ssize_t k = send(fd, large.data() + taken, kLarge - taken, MSG_NOSIGNAL);
+          if (k <= 0) break;
+          taken += size_t(k);
+        }
+        EXPECT_EQ(taken, kLarge) << "taken before EAGAIN with the peer not reading";
+        ASSERT_EQ(fcntl(fd, F_SETFL, flags), 0);
+        if (taken < kLarge) send_all(fd, large.data() + taken, kLarge - taken);
+        ch.signal();
+        ch.wait();
+      },
+      [](Channel &ch, int fd) {
+        std::vector<char> in(kMsg);
+        for (size_t i = 0; i < kRounds; ++i) {
+          recv_exact(fd, in.data(), kMsg);
+          send_all(fd, in.data(), kMsg);
+        }
+        ch.wait();  // the client has sent what it could without this side reading
+        std::vector<char> large(kLarge);
+        recv_exact(fd, large.data(), kLarge);
+        EXPECT_EQ(mismatch(63, 0, large.data(), kLarge), "");
+        ch.signal();
+      });
+}
+
 // The times thread `tid` of this process went to sleep.
 uint64_t sleeps_of(pid_t tid) {
   std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
