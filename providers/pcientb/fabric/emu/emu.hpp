@@ -251,7 +251,7 @@ class EmuFabric final : public Fabric {
   MoveStatus copy_move(EmuPeer &p, uint64_t raddr, void *local, size_t len, bool to_peer);
   const WindowEntry *window(EmuPeer &p, WindowId w, uint32_t *gen);
   int new_chunk(uint64_t va, uint64_t len, bool anon, uint32_t *idx);
-  int copy_into(int fd, uint64_t va, uint64_t len, bool touched_only);
+  int copy_into(int fd, char *map, uint64_t va, uint64_t len, bool touched_only);
   int pagemap();  // /proc/self/pagemap, or -1
   void put_region(uint64_t va);
   void drop_region(std::map<uint64_t, Region>::iterator it);

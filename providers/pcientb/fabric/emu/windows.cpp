@@ -161,18 +161,25 @@ void fork_child() {
 
 namespace {
 
-// Writes [src, src + len) into fd at `off`. The raw system call: the range is
-// whole pages, beyond the caller's buffer, which a sanitizer's pwrite would
-// take for an overflow, and valgrind for a write of uninitialised bytes.
-int write_at(int fd, const char *src, uint64_t len, uint64_t off) {
+// Copies [src, src + len) to offset `off` of the memfd `fd`, mapped at `map`:
+// through the page cache (pwrite), which faults in no page of a mapping (a
+// fault is costly on these VMs: through the mapping took twice as long). The
+// raw system call: the range is whole pages, beyond the caller's buffer, which
+// a sanitizer's pwrite would take for an overflow. Under valgrind through the
+// mapping (process_vm_readv): valgrind checks every byte pwrite writes, and a
+// move that long let another thread's system call, emulated by valgrind, store
+// into the range the move keeps read-only, which valgrind does not survive.
+int copy_pages(int fd, char *map, const char *src, uint64_t len, uint64_t off) {
+#ifdef RUNNING_ON_VALGRIND
+  if (RUNNING_ON_VALGRIND) {
+    iovec to{map + off, len}, from{const_cast<char *>(src), len};
+    if (process_vm_readv(getpid(), &to, 1, &from, 1, 0) == static_cast<ssize_t>(len)) return 0;
+    return errno ? errno : EFAULT;
+  }
+#endif
+  (void)map;
   while (len > 0) {
-#ifdef VALGRIND_DISABLE_ERROR_REPORTING
-    VALGRIND_DISABLE_ERROR_REPORTING;
-#endif
     const long n = syscall(SYS_pwrite64, fd, src, len, off);
-#ifdef VALGRIND_ENABLE_ERROR_REPORTING
-    VALGRIND_ENABLE_ERROR_REPORTING;
-#endif
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return n < 0 ? errno : EIO;
     src += n, len -= static_cast<uint64_t>(n), off += static_cast<uint64_t>(n);
@@ -182,18 +189,16 @@ int write_at(int fd, const char *src, uint64_t len, uint64_t off) {
 
 }  // namespace
 
-// Copies the pages of [va, va + len) into the memfd `fd` through the page
-// cache: no page of a mapping is faulted in for it (a fault is costly on these
-// VMs: copying through a mapping of the memfd took twice as long). With
-// `touched_only` (private anonymous memory), only the pages that hold data
+// Copies the pages of [va, va + len) into the memfd `fd` (mapped at `map`).
+// With `touched_only` (private anonymous memory), only the pages that hold data
 // (present or swapped out): one never touched reads as zeros, which the
 // memfd's hole already is, so a fresh buffer (an SDP ring) moves without a
 // copy and gets pages only where used. 0 or an errno.
-int EmuFabric::copy_into(int fd, uint64_t va, uint64_t len, bool touched_only) {
-  if (!touched_only) return write_at(fd, reinterpret_cast<const char *>(va), len, 0);
+int EmuFabric::copy_into(int fd, char *map, uint64_t va, uint64_t len, bool touched_only) {
+  if (!touched_only) return copy_pages(fd, map, reinterpret_cast<const char *>(va), len, 0);
   constexpr uint64_t kPresent = uint64_t{1} << 63, kSwapped = uint64_t{1} << 62;
   const int pm = pagemap();
-  if (pm < 0) return write_at(fd, reinterpret_cast<const char *>(va), len, 0);
+  if (pm < 0) return copy_pages(fd, map, reinterpret_cast<const char *>(va), len, 0);
   uint64_t entries[512];
   uint64_t run = 0, run_len = 0;  // pages with data not yet written
   for (uint64_t done = 0; done < len;) {
@@ -208,13 +213,14 @@ int EmuFabric::copy_into(int fd, uint64_t va, uint64_t len, bool touched_only) {
         continue;
       }
       if (run_len == 0) continue;
-      if (const int err = write_at(fd, reinterpret_cast<const char *>(va + run), run_len, run))
+      if (const int err =
+              copy_pages(fd, map, reinterpret_cast<const char *>(va + run), run_len, run))
         return err;
       run_len = 0;
     }
     done += n * kPage;
   }
-  return run_len ? write_at(fd, reinterpret_cast<const char *>(va + run), run_len, run) : 0;
+  return run_len ? copy_pages(fd, map, reinterpret_cast<const char *>(va + run), run_len, run) : 0;
 }
 
 int EmuFabric::pagemap() {
@@ -255,7 +261,8 @@ int EmuFabric::new_chunk(uint64_t va, uint64_t len, bool anon, uint32_t *idx) {
   // copy; other threads' stores in between wait (move_guard.hpp). Our own
   // chunk's pages are copied whole: a hole there may hold what a peer wrote.
   const int moved = emu::guarded_move(va, len, [&]() -> int {
-    if (const int err = copy_into(fd, va, len, anon); err != 0) return err;
+    if (const int err = copy_into(fd, static_cast<char *>(tmp), va, len, anon); err != 0)
+      return err;
     if (kernel::mremap_fixed(tmp, len, reinterpret_cast<void *>(va)) == MAP_FAILED) return errno;
     return 0;
   });
