@@ -338,9 +338,11 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t pend_rec = ~0ull;  // position of the DATA record small sends still append to
   uint64_t skip_at = ~0ull;   // a rewind's pad, not yet passed by tx_posted (stream.cpp)
   bool in_flush_list = false;
-  bool force_signal = false;                   // the next post is signaled (close waits for it)
-  bool last_write_waited = false;              // close/revert waits for its FIN/REVERT: no ack
-  bool reset_reported = false;                 // ECONNRESET was returned once; EPIPE from then on
+  bool force_signal = false;     // the next post is signaled (close waits for it)
+  uint64_t signaled_posted = 0;  // signaled send-queue posts, and their completions polled:
+  uint64_t signaled_done = 0;    // in order, so post n has landed once signaled_done >= n
+  uint64_t last_write_no = 0;    // the FIN's or REVERT's post (wait_last_write)
+  bool reset_reported = false;   // ECONNRESET was returned once; EPIPE from then on
   int64_t rcv_timeo_ns = 0, snd_timeo_ns = 0;  // SO_RCVTIMEO / SO_SNDTIMEO (0: none)
   std::atomic<int> sleepers{0};  // threads asleep in the kernel on this socket's wakeups
   uint32_t burst = 0;            // sends since the last receive or poll

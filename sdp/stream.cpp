@@ -152,7 +152,9 @@ bool post_write(Sock &s, const void *src, uint32_t lkey, uint32_t len, uint64_t 
   wr.wr.rdma.rkey = rkey;
   if (len <= l.max_inline) wr.send_flags |= IBV_SEND_INLINE;
   ++s.unsignaled;
-  if (s.unsignaled >= 64 || s.sq_used + 1 >= l.send_depth / 2 || s.force_signal) {
+  const bool last = s.force_signal;
+  const bool signaled = s.unsignaled >= 64 || s.sq_used + 1 >= l.send_depth / 2 || last;
+  if (signaled) {
     s.force_signal = false;
     wr.send_flags |= IBV_SEND_SIGNALED;
     wr.wr_id = s.unsignaled;
@@ -162,6 +164,10 @@ bool post_write(Sock &s, const void *src, uint32_t lkey, uint32_t len, uint64_t 
   if (int e = ibv_post_send(l.qp, &wr, &bad)) {
     set_error(s, e == ENOMEM ? EIO : ECONNRESET);
     return false;
+  }
+  if (signaled) {
+    ++s.signaled_posted;
+    if (last) s.last_write_no = s.signaled_posted;
   }
   ++s.sq_used;
   ++s.tx_msgs;
@@ -184,6 +190,7 @@ int post_signaled(Sock &s, ibv_send_wr &wr, uint64_t tag) {
   if (rc == 0) {
     s.unsignaled = 0;
     ++s.sq_used;
+    ++s.signaled_posted;
   }
   return rc;
 }
@@ -204,10 +211,6 @@ void fill_ack(Sock &s) {
 
 bool send_ack(Sock &s) {
   if (!s.link.qp || inherited(s) || s.tx_tcp) return false;
-  if (s.last_write_waited) {  // nothing follows a FIN or REVERT that close waits for
-    s.ack_wanted = true;
-    return false;
-  }
   if (s.error || credit_msgs(s) < 1) {
     s.ack_wanted = true;  // sent when credits come back
     return false;
@@ -317,7 +320,10 @@ int progress(Sock &s) {
       if (w.status != IBV_WC_SUCCESS) {
         if (w.opcode == IBV_WC_RDMA_READ || (w.opcode & IBV_WC_RECV) == 0) {
           // Send-queue entries: the signaled one stands for the unsignaled before it.
-          if (w.status != IBV_WC_WR_FLUSH_ERR || w.wr_id) s.sq_used = 0;
+          if (w.status != IBV_WC_WR_FLUSH_ERR || w.wr_id) {
+            s.sq_used = 0;
+            s.signaled_done = s.signaled_posted;
+          }
           if (s.reads_pending) --s.reads_pending;
         }
         // A READ's bytes are lost with the peer's buffer. Writes and receives failing after
@@ -341,6 +347,7 @@ int progress(Sock &s) {
           logf("fd %d: completion %s", s.fd, ibv_wc_status_str(w.status));
         continue;
       }
+      if ((w.opcode & IBV_WC_RECV) == 0) ++s.signaled_done;  // in order: see wait_last_write
       if (w.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         ++s.polled;
         ++recvs;
@@ -1745,20 +1752,19 @@ bool send_fin(Sock &s, SockLock &lk, int wait_ms) {
 }
 
 // After the last write was posted: waits (1 s at most) until it landed, so that it is in the
-// peer's ring before the QP goes. The lock stays held: nothing may follow a FIN or REVERT
-// (another thread's send, ack or offer). It lands when the peer's progress thread has placed
-// it: each look yields, so that on two cores that thread runs.
+// peer's ring before the QP goes: until its own completion, the signaled post numbered
+// last_write_no (completions come in order; sq_used may stay above 0 for unsignaled acks
+// posted after it). The lock stays held: nothing may follow a FIN or REVERT (another
+// thread's send). It lands when the peer's progress thread has placed it: each look
+// yields, so that on two cores that thread runs.
 void wait_last_write(Sock &s) {
   const uint64_t end = now_ns() + 1000000000ull;
-  // An unsignaled ack posted now would keep sq_used above 0 for the whole second.
-  s.last_write_waited = true;
-  while (s.sq_used && !s.error && !s.peer_gone && now_ns() < end) {
+  while (s.signaled_done < s.last_write_no && !s.error && !s.peer_gone && now_ns() < end) {
     progress(s);
-    if (!s.sq_used) break;
+    if (s.signaled_done >= s.last_write_no) break;
     check_peer(s);
     sched_yield();
   }
-  s.last_write_waited = false;
 }
 
 }  // namespace

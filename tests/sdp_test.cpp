@@ -1972,6 +1972,32 @@ TEST(Close, ReturnsPromptlyOnBothEnds) {
       within(std::chrono::seconds(30)));
 }
 
+// A close after shutdown(SHUT_WR) waits for nothing: its FIN landed long before. The acks
+// posted since (for the peer's data and FIN: unsignaled) once kept close() waiting a second
+// for the send queue to empty while the peer kept its socket open.
+TEST(Close, AfterShutdownAndThePeersAnswerReturnsPromptly) {
+  two_process(
+      [](Channel &ch) {
+        int fd = client_conn(ch);
+        ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+        char buf[100];
+        recv_exact(fd, buf, sizeof buf);
+        EXPECT_EQ(recv(fd, buf, sizeof buf, 0), 0);  // the peer's FIN: acked
+        ASSERT_NO_FATAL_FAILURE(close_promptly(fd, 300, "close() after shutdown took long"));
+        ch.signal();
+      },
+      [](Channel &ch) {
+        int fd = server_conn(ch);
+        expect_eof(fd);
+        char buf[100] = {};
+        send_all(fd, buf, sizeof buf);
+        ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+        ch.wait();  // open until the peer has closed
+        close(fd);
+      },
+      within(std::chrono::seconds(30)));
+}
+
 // The sender fills the peer's receive ring (the peer is not reading) and closes. As on TCP,
 // close() returns at once, and the peer, reading later, gets every byte and then EOF (an
 // orderly close), not ECONNRESET.
