@@ -213,7 +213,7 @@ int EmuFabric::copy_into(int fd, char *map, uint64_t va, uint64_t len, bool touc
   uint64_t run = 0, run_len = 0;  // pages with data not yet written
   for (uint64_t done = 0; done < len;) {
     const size_t n = std::min<uint64_t>(std::size(entries), (len - done) / kPage);
-    const off_t at = static_cast<off_t>((va + done) / kPage * 8);
+    const auto at = static_cast<off_t>((va + done) / kPage * 8);
     if (pread(pm, entries, n * 8, at) != static_cast<ssize_t>(n * 8)) return errno ? errno : EIO;
     for (size_t i = 0; i < n; ++i) {
       const uint64_t off = done + i * kPage;
