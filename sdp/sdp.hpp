@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "adaptive.hpp"
 #include "pcientb/sdp.h"
 
 namespace sdp {
@@ -280,27 +281,6 @@ void signal_wait_begins();
 // handler that ran on this thread meanwhile has SA_RESTART).
 bool signal_restarts();
 
-// ---- adaptive.cpp: the ZCopy threshold `auto` -------------------------------------------
-constexpr size_t kAutoMinBytes = 16 << 10;  // smaller sends go BCopy (no crossover below)
-struct Sock;
-// One blocking send of at least kAutoMinBytes on a socket whose threshold is `auto`: which
-// path to take (zcopy()), and that it completed by a path (done(); a send that does not say
-// so, failed or partly sent by the other path, is not counted).
-class AutoSend {
- public:
-  AutoSend(Sock &s, size_t len);
-  ~AutoSend();
-  AutoSend(const AutoSend &) = delete;
-  AutoSend &operator=(const AutoSend &) = delete;
-  bool zcopy() const { return zcopy_; }
-  void done(size_t sent, bool went_zcopy);
-
- private:
-  Sock &s_;
-  const int size_;
-  uint64_t epoch_ = 0;
-  bool zcopy_ = false;
-};
 uint64_t now_ns();  // CLOCK_MONOTONIC (stream.cpp)
 
 struct Sock : std::enable_shared_from_this<Sock> {

@@ -1019,6 +1019,36 @@ ssize_t wz_send(Sock &s, SockLock &lk, const void *buf, size_t len) {
   return ssize_t(n);  // written, even if the connection broke after
 }
 
+// The process's: its sockets' sends are measured together.
+AutoThreshold &auto_threshold() {
+  static AutoThreshold process_wide(logf);
+  return process_wide;
+}
+
+// One blocking send of at least kAutoMinBytes on a socket whose threshold is `auto`: which
+// path to take (zcopy()), and that it completed by a path (done(); a send that does not say
+// so, failed or partly sent by the other path, is not counted). Called with the socket's lock.
+class AutoSend {
+ public:
+  AutoSend(Sock &s, size_t len) : s_(s), send_(auto_threshold().begin(len, now_ns())) {}
+  ~AutoSend() { auto_threshold().end(send_); }
+  AutoSend(const AutoSend &) = delete;
+  AutoSend &operator=(const AutoSend &) = delete;
+  bool zcopy() const { return send_.zcopy; }
+  void done(size_t sent, bool went_zcopy) {
+    // Until the socket's stream has gone round the ring once, BCopy writes ring pages for the
+    // first time (tx_pos counts a rewind's skip too).
+    const bool cold = s_.tx_pos < s_.link.ring_bytes;
+    if (auto_threshold().completed(send_, sent, went_zcopy, now_ns(), s_.auto_epoch != send_.epoch,
+                                   cold))
+      s_.auto_epoch = send_.epoch;
+  }
+
+ private:
+  Sock &s_;
+  const AutoThreshold::Send send_;
+};
+
 }  // namespace
 
 // A socket another thread closed meanwhile: as the kernel answers for a closed descriptor.
