@@ -11,7 +11,9 @@ constexpr uint32_t kMinSends = 4;          // completions an epoch needs to coun
 // A trial loses "clearly" when the other path was this much better: it waits longer.
 constexpr double kClearly = 1.25;
 // ... and by this much it is not tried again for the longest gap at once (ZCopy of 64 KiB
-// is 5-40x slower than BCopy here; each trial cost an epoch of BCopy's bytes).
+// is 5-40x slower than BCopy here; each trial cost an epoch of BCopy's bytes), unless it was
+// the first verdict: both paths are still warming up then (connections starting, the peer's
+// first registrations and page faults), and the first figures can be 2-8x off.
 constexpr double kHopeless = 4;
 // The other path must be this much better to be taken instead of the one in use.
 constexpr double kStay = 1.05;
@@ -56,9 +58,9 @@ void AutoThreshold::close_epoch(Cell &c, int size) {
       bool best = e.decided ? (e.zcopy ? z * kStay > b : z > b * kStay) : z > b;
       if (c.trial) {
         const double r = std::max(b, z) / std::min(b, z);
-        e.gap = r > kHopeless  ? kMaxGap
-                : r > kClearly ? std::min(std::max(e.gap, kMinGap) * 2, kMaxGap)
-                               : kMinGap;
+        e.gap = r > kHopeless && e.decided ? kMaxGap  // the first verdict is checked once
+                : r > kClearly             ? std::min(std::max(e.gap, kMinGap) * 2, kMaxGap)
+                                           : kMinGap;
       }
       if (e.decided && best != e.zcopy && !e.challenged) {
         e.challenged = true;
