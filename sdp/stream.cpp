@@ -577,11 +577,21 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
   flush(s);
   const uint64_t start = now_ns();
   const uint64_t spin_end = start + uint64_t(config().spin_us) * 1000;
-  while (now_ns() < spin_end) {
+  // Between looks a pause, and a yield of the CPU now and then (as epoll's spin does): a
+  // yield per look was a system call that what arrived meanwhile waited for, ~1.5 us of a
+  // 64-byte ping-pong's 2 us here.
+  constexpr uint64_t kYieldEveryNs = 16000;
+  uint64_t yield_due = start + kYieldEveryNs;
+  for (uint64_t now = start; now < spin_end; now = now_ns()) {
     progress(s);
     if (ready() || s.error) return 0;
     lk.unlock();
-    sched_yield();
+    if (now >= yield_due) {
+      sched_yield();
+      yield_due = now + kYieldEveryNs;
+    } else {
+      __builtin_ia32_pause();
+    }
     lk.lock();
     if (!s.link.qp) return EBADF;
   }
