@@ -8,6 +8,7 @@ namespace {
 
 constexpr uint64_t kSettleNs = 2'500'000;  // the start of an epoch, not timed
 constexpr uint32_t kMinSends = 4;          // completions an epoch needs to count
+constexpr uint32_t kMaxRetries = 4;        // trials made again at once, in a row
 // A trial loses "clearly" when the other path was this much better: it waits longer.
 constexpr double kClearly = 1.25;
 // ... and by this much it is not tried again for the longest gap at once (ZCopy of 64 KiB
@@ -38,10 +39,16 @@ void AutoThreshold::close_epoch(Cell &c, int size) {
   // look 20x slower than it is while 8 new connections started, and ZCopy won for good.
   const bool warm = c.warm[c.zcopy] && !c.cold;
   c.warm[c.zcopy] = true;
-  // A trial that only warmed up is made again at once (a socket that joins while ZCopy is
-  // chosen gets BCopy's ring laps in trials only).
-  if (Estimate &last = c.est[c.conns]; !warm && c.trial && last.decided) last.since = last.gap;
-  if (warm && c.sends >= kMinSends && c.last_ns > c.first_ns) {
+  // A trial that only warmed up is made again at once, a few times in a row (a socket that
+  // joins while ZCopy is chosen gets BCopy's ring laps in trials only; short connections, or
+  // rings reused from closed ones, may look cold for ever).
+  const bool figure = warm && c.sends >= kMinSends && c.last_ns > c.first_ns;
+  if (Estimate &last = c.est[c.conns];
+      !figure && c.cold && c.trial && last.decided && last.retries < kMaxRetries) {
+    last.since = last.gap;
+    ++last.retries;
+  }
+  if (figure) {
     c.conns = conns;
     Estimate &e = c.est[conns];
     const double rate = double(c.bytes - c.first_bytes) / double(c.last_ns - c.first_ns);
@@ -51,6 +58,7 @@ void AutoThreshold::close_epoch(Cell &c, int size) {
     // is not a path's cost).
     mine =
         c.trial || mine == 0 ? rate : mine + (std::clamp(rate, mine / 2, mine * 2) - mine) * 0.25;
+    e.retries = 0;
     const double b = e.rate[0], z = e.rate[1];
     if (b != 0 && z != 0) {
       // The path in use stays unless the other is better by a margin, in two trials in a row
@@ -58,9 +66,10 @@ void AutoThreshold::close_epoch(Cell &c, int size) {
       bool best = e.decided ? (e.zcopy ? z * kStay > b : z > b * kStay) : z > b;
       if (c.trial) {
         const double r = std::max(b, z) / std::min(b, z);
-        e.gap = r > kHopeless && e.decided ? kMaxGap  // the first verdict is checked once
-                : r > kClearly             ? std::min(std::max(e.gap, kMinGap) * 2, kMaxGap)
-                                           : kMinGap;
+        e.gap = !e.decided      ? kMinGap  // the first verdict is checked soon
+                : r > kHopeless ? kMaxGap
+                : r > kClearly  ? std::min(std::max(e.gap, kMinGap) * 2, kMaxGap)
+                                : kMinGap;
       }
       if (e.decided && best != e.zcopy && !e.challenged) {
         e.challenged = true;
@@ -108,6 +117,9 @@ AutoThreshold::Send AutoThreshold::begin(size_t len, uint64_t now) {
   std::lock_guard<std::mutex> lk(mu_);
   const int size = size_bucket(len);
   Cell &c = cells_[size];
+  // The caller read its clock before the lock: another thread may have opened an epoch
+  // meanwhile, later than that (now - start_ns would wrap and close it at once).
+  if (c.epoch) now = std::max(now, c.start_ns);
   // An epoch ends at its time with enough sends, or when it has waited long for them.
   if (c.epoch && now - c.start_ns >= kEpochNs &&
       (c.sends >= kMinSends || now - c.start_ns >= 10 * kEpochNs)) {
@@ -137,7 +149,7 @@ bool AutoThreshold::completed(const Send &send, size_t bytes, bool went_zcopy, u
     c.first_bytes = bytes;
   }
   c.bytes += bytes;
-  c.last_ns = now;
+  c.last_ns = std::max(c.last_ns, now);
   return true;
 }
 

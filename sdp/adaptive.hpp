@@ -66,6 +66,7 @@ class AutoThreshold {
     double rate[2] = {0, 0};  // bytes per ns of BCopy and ZCopy epochs (0: none yet)
     uint32_t gap = kMinGap;   // epochs of the better path before the other is tried again
     uint32_t since = 0;       // epochs since the last trial
+    uint32_t retries = 0;     // trials made again at once since the last figure
     bool decided = false;     // both measured (the choice was logged)
     bool challenged = false;  // the other path won its last trial: one more decides
     bool zcopy = false;       // the better one

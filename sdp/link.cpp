@@ -378,8 +378,10 @@ bool link_has_news(const Link &l) {
 bool link_connect(Link &l) {
   Device *d = device();
   const LinkInfo &peer = l.remote;
+  // The mirror that stages what this side writes into the peer's ring has this side's ring
+  // size: a larger peer ring would take writes past its end (PCIENTB_SDP_RING differing).
   if (!d || peer.ring_bytes < 65536 || (peer.ring_bytes & (peer.ring_bytes - 1)) ||
-      peer.recv_depth < 8) {
+      peer.ring_bytes > l.ring_bytes || peer.recv_depth < 8) {
     errno = EPROTO;
     return false;
   }

@@ -1048,7 +1048,7 @@ class AutoSend {
   void done(size_t sent, bool went_zcopy) {
     // Until the socket's stream has gone round the ring once, BCopy writes ring pages for the
     // first time (tx_pos counts a rewind's skip too).
-    const bool cold = s_.tx_pos < s_.link.ring_bytes;
+    const bool cold = s_.tx_pos < s_.link.remote.ring_bytes;
     if (auto_threshold().completed(send_, sent, went_zcopy, now_ns(), s_.auto_epoch != send_.epoch,
                                    cold))
       s_.auto_epoch = send_.epoch;

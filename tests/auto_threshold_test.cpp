@@ -40,6 +40,10 @@ class Sim {
   Sim(size_t len, Speed speed) : len_(len), speed_(std::move(speed)) {}
 
   void add_sockets(int n) { sockets_.resize(sockets_.size() + size_t(n)); }
+  // Every socket's connection replaced by a new one (its ring cold again).
+  void replace_connections() {
+    for (Socket &s : sockets_) s.tx = 0;
+  }
 
   // Runs until `until`; counts the sends begun from `from` on.
   Tally run(uint64_t from, uint64_t until) {
@@ -138,6 +142,36 @@ TEST(AutoThreshold, ATrialThatOnlyWarmedUpNewSocketsIsMadeAgainAtOnce) {
   sim.add_sockets(3);
   sim.run(1000 * kMs, 1700 * kMs);
   EXPECT_LT(sim.run(1700 * kMs, 2000 * kMs).zcopy_share(), 0.1);
+}
+
+// The caller reads its clock before the threshold's lock: a thread that read it a moment
+// before another thread opened an epoch must not close that epoch (its now - start wraps).
+TEST(AutoThreshold, AClockReadBeforeAnEpochOpenedDoesNotEndIt) {
+  AutoThreshold at;
+  const AutoThreshold::Send opened = at.begin(64 << 10, 1000 * kMs);
+  const AutoThreshold::Send stale = at.begin(64 << 10, 1000 * kMs - 1);
+  EXPECT_EQ(stale.epoch, opened.epoch);
+  at.end(stale);
+  at.end(opened);
+}
+
+// Connections that never go round their rings (short ones, or rings reused from closed
+// connections) keep every BCopy trial cold: after a few trials made again at once, the usual
+// gap holds (else BCopy ran trial after trial while ZCopy was the faster path).
+TEST(AutoThreshold, TrialsThatStayColdAreMadeAgainOnlyAFewTimes) {
+  Sim sim(256 << 10, [](bool zcopy, bool cold, uint64_t) {
+    return share(zcopy ? 8.0 : cold ? 0.5 : 2.0, 8);
+  });
+  sim.add_sockets(8);
+  sim.run(0, 1000 * kMs);  // ZCopy chosen, BCopy measured warm
+  Tally t;
+  for (uint64_t ms = 1000; ms < 3000; ms += 5) {
+    sim.replace_connections();
+    const Tally slice = sim.run(ms * kMs, (ms + 5) * kMs);
+    t.sends[0] += slice.sends[0];
+    t.sends[1] += slice.sends[1];
+  }
+  EXPECT_GT(t.zcopy_share(), 0.8) << t.sends[0] << " BCopy sends, " << t.sends[1] << " ZCopy";
 }
 
 }  // namespace

@@ -78,6 +78,10 @@ Cases (two processes each, on a free port, each bounded by ITEST_TIMEOUT):
                      is, from this one, no layer: which of the two a side reports
                      depends on when it finds out); also an nc pair when nc is
                      installed
+  fallback.ring_sizes  both preloaded, PCIENTB_SDP_RING 1 MiB on one side and
+                     4 MiB on the other (each way round): data verified, both
+                     path=tcp (the side that finds the peer's ring larger than its
+                     own ends the handshake)
   selftest           the stats parser and checks on made-up lines (no process)
 
 Environment (set by tests/integration/CMakeLists.txt):
@@ -1077,14 +1081,17 @@ def case_pingpong(msgs, zcopy):
 
 
 def speaks_first_pair(*, preloaded, speaker, size, seed, use_nc, fab_server=None,
-                      fab_client=None):
+                      fab_client=None, env_server=None, env_client=None):
     """One fallback run, 1 MiB each way verified. preloaded: "server", "client" or
-    "both" (then on fab_server / fab_client); speaker: which side sends first (the
-    other waits for its first byte). use_nc: the plain speaker is nc."""
+    "both" (then on fab_server / fab_client, with env_server / env_client added to
+    each side's environment); speaker: which side sends first (the other waits for
+    its first byte). use_nc: the plain speaker is nc."""
     d = tmpdir()
     tx_s, tx_c = (2 * seed + 2, 0, size), (2 * seed + 1, 0, size)
-    sides = {"server": {"sdp": preloaded in ("server", "both"), "fab": fab_server},
-             "client": {"sdp": preloaded in ("client", "both"), "fab": fab_client}}
+    sides = {"server": {"sdp": preloaded in ("server", "both"), "fab": fab_server,
+                        "env": env_server},
+             "client": {"sdp": preloaded in ("client", "both"), "fab": fab_client,
+                        "env": env_client}}
     nc_side = speaker if use_nc and not sides[speaker]["sdp"] else None
     files = {}
     argv = {}
@@ -1146,6 +1153,16 @@ def case_fallback(kind):
         if use_nc:
             log("--- nc -l and nc -N on different fabrics")
             s, c = nc_one_way(seed, size, server={"fab": here}, client={"fab": there})
+            for proc in (s, c):
+                check_tcp(proc.stats, reasons, proc=proc)
+    elif kind == "ring_sizes":
+        # Rings of different sizes (PCIENTB_SDP_RING on one side only): whichever side
+        # finds the peer's ring larger than its own ends the handshake.
+        small, big = {"PCIENTB_SDP_RING": str(1 << 20)}, {"PCIENTB_SDP_RING": str(4 << 20)}
+        for env_s, env_c, reasons in ((small, big, {"verbs_setup_failed", "declined"}),
+                                      (big, small, {"verbs_setup_failed", "peer_abandoned"})):
+            s, c = speaks_first_pair(preloaded="both", speaker="client", size=size, seed=seed,
+                                     use_nc=False, env_server=env_s, env_client=env_c)
             for proc in (s, c):
                 check_tcp(proc.stats, reasons, proc=proc)
     else:
@@ -1267,6 +1284,7 @@ CASES = {
     "fallback.nc_client": lambda: case_fallback("nc_client"),
     "fallback.nc_server": lambda: case_fallback("nc_server"),
     "fallback.other_fabric": lambda: case_fallback("other_fabric"),
+    "fallback.ring_sizes": lambda: case_fallback("ring_sizes"),
     "selftest": case_selftest,
 }
 for _mode in ("system", "popen", "inetd", "cgi", "reexec", "fork", "daemon", "shell",
