@@ -53,6 +53,8 @@ class AutoThreshold {
                  bool cold);
   // It ended, completed or not.
   void end(const Send &send);
+  // Held over fork(): a child, which has only the forking thread, would wait for it for ever.
+  void fork_lock(bool lock) { lock ? mu_.lock() : mu_.unlock(); }
 
   static constexpr uint64_t kEpochNs = 10'000'000;
   static constexpr uint32_t kMaxGap = 64;  // epochs between trials of a path, at most

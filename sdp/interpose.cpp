@@ -360,14 +360,17 @@ void fork_prepare() {
   multiplex_fork_lock(true);
   tab_mu.lock();
   flusher_fork_lock(true);
+  auto_fork_lock(true);  // last: taken under sockets' locks only, and takes none
 }
 void fork_parent() {
+  auto_fork_lock(false);
   flusher_fork_lock(false);
   tab_mu.unlock();
   multiplex_fork_lock(false);
   process_fork_parent();
 }
 void fork_child() {
+  auto_fork_lock(false);
   flusher_fork_lock(false);
   tab_mu.unlock();
   multiplex_fork_lock(false);

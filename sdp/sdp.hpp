@@ -470,6 +470,7 @@ void hand_back_listen();
 bool in_vfork_child();
 void multiplex_fork_lock(bool lock);  // the epoll sets, over fork() (multiplex.cpp)
 void flusher_fork_lock(bool lock);    // the flusher's start, over fork() (stream.cpp)
+void auto_fork_lock(bool lock);       // the `auto` threshold's state, over fork() (stream.cpp)
 void process_fork_parent();           // fork handlers: counters only, no heap
 void process_fork_child();
 // Closes every SDP connection as exit would (FIN, or the hand-back where shared); waits a

@@ -2013,6 +2013,10 @@ void flusher_fork_lock(bool lock) {
     flusher_start_mu.unlock();
 }
 
+void auto_fork_lock(bool lock) {
+  auto_threshold().fork_lock(lock);
+}
+
 namespace {
 
 Flusher *the_flusher() {
