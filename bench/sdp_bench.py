@@ -12,7 +12,9 @@ usage: sdp_bench.py [OUTPUT_DIR] [--quick] [--reps N] [--seconds S] [--only PHAS
   --quick         a smoke run (under a minute): one repetition, short points, fewer sizes
   --reps N        repetitions of every measurement (default 3; --quick: 1); figures are
                   medians over them
-  --seconds S     duration of one stream point (default 1.0; --quick: 0.15)
+  --seconds S     duration of one stream point (default 1.0; --quick: 0.15); in the zcopy
+                  phase's auto runs, the timed seconds of each leg
+  --slice S       one slice of the auto runs (default 0.1; --quick: 0.05)
   --only PHASES   a comma-separated subset of stream,latency,zcopy (default: all three)
   --launcher P    pcientb-sdp (default: $PCIENTB_SDP_LAUNCHER, build/bin/pcientb-sdp, PATH)
   --sockbench P   sockbench (default: $SOCKBENCH, build/bin/sockbench, PATH)
@@ -28,9 +30,12 @@ by repetition), so that the machine's fast and slow spells hit both:
   latency  ping-pong 1 B .. 64 KiB, median and p99 one-way (RTT/2), SDP/TCP, beside the
            shared-memory ping-pong reference (sockbench refs, bench/references.hpp)
   zcopy    SDP only: BCopy (PCIENTB_SDP_ZCOPY_THRESH=0) against ZCopy (=1: every blocking send
-           goes zero-copy) and the adaptive threshold (=auto), 1, 2, 4, 8 connections,
-           4 KiB .. 4 MiB: MB/s, CPU s/GB, the crossover size per connection count, beside
-           memcpy (sockbench refs); auto against every fixed threshold over the sweep
+           goes zero-copy), 1, 2, 4, 8 connections, 4 KiB .. 4 MiB: MB/s, CPU s/GB, the
+           crossover size per connection count, beside memcpy (sockbench refs); and the
+           adaptive threshold (auto) against every fixed threshold over the sweep, measured
+           on the same connections in one run per point (sockbench stream --legs 0,1,auto:
+           the three take turns in slices of --slice seconds, S seconds each), because
+           separate one-second runs of one and the same code differ by 10-30% on this VM
 
 Targets (reported, not enforced): stream >= 64 KiB at >= 3x TCP; 1-byte writes >= 20x TCP;
 64-byte ping-pong latency <= 0.1x TCP; ZCopy (1 connection) >= 0.7x memcpy at 4 MiB; ZCopy CPU
@@ -73,7 +78,12 @@ PHASES = ("stream", "latency", "zcopy")
 LEGS = {"sdp": (True, {}), "tcp": (False, {}),
         "bcopy": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "0"}),
         "zcopy": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "1"}),
-        "auto": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "auto"})}
+        # auto beside the fixed thresholds on the same connections (sockbench stream --legs):
+        # the client sets each leg's threshold per socket; the receiver offers no buffers
+        # (threshold 0), whatever the leg, so all legs are Read ZCopy where they go zero-copy.
+        "slices": (True, {"PCIENTB_SDP_ZCOPY_THRESH": "0"})}
+# The legs of a slices run, in sockbench's --legs terms (0: BCopy only, 1: every send ZCopy).
+SLICE_LEGS = (("bcopy", "0"), ("zcopy", "1"), ("auto", "auto"))
 # Variables of the layer that would change what a leg measures; each leg sets its own.
 LAYER_ENV = ("PCIENTB_SDP", "PCIENTB_SDP_CONFIG", "PCIENTB_SDP_ZCOPY_THRESH", "PCIENTB_SDP_LOG",
              "LD_PRELOAD")
@@ -255,6 +265,18 @@ class Bench:
                 raise RunFailed(f"ZCopy threshold 0, yet zcopy_tx={st['zcopy_tx']}")
             if leg == "zcopy" and not st.get("zcopy_tx"):
                 raise RunFailed(f"ZCopy threshold 1, yet zcopy_tx=0 (bcopy_tx={moved})")
+        if leg == "slices":
+            legs = result.get("legs") or []
+            if [g.get("thresh") for g in legs] != [t for _, t in SLICE_LEGS]:
+                raise RunFailed(f"legs {[g.get('thresh') for g in legs]}, expected "
+                                f"{[t for _, t in SLICE_LEGS]}")
+            for (name, t), g in zip(SLICE_LEGS, legs):
+                if not g["bytes"] or not g["seconds"] > 0:
+                    raise RunFailed(f"leg {t} moved nothing in its slices")
+                if name == "bcopy" and g["zcopy_tx"]:
+                    raise RunFailed(f"leg 0 (BCopy only), yet zcopy_tx={g['zcopy_tx']}")
+                if name == "zcopy" and not g["zcopy_tx"]:
+                    raise RunFailed("leg 1 (every send ZCopy), yet zcopy_tx=0")
 
     def measure(self, phase, rep, leg, size, conns=1):
         what = f"rep {rep} {phase} {leg} {size_label(size)}" + (f" x{conns}" if conns > 1 else "")
@@ -266,6 +288,10 @@ class Bench:
         else:
             mode = ["stream", "-s", str(size), "-t", str(a.seconds), "-n", str(conns)]
             timeout = a.seconds + 90
+            if leg == "slices":
+                mode += ["--legs", ",".join(t for _, t in SLICE_LEGS),
+                         "--slice", str(a.slice)]
+                timeout += len(SLICE_LEGS) * (a.seconds + a.slice)
         start = time.monotonic()
         run = {"phase": phase, "rep": rep, "leg": leg, "size": size, "conns": conns}
         try:
@@ -275,6 +301,9 @@ class Bench:
             run["result"] = run.pop("rejected_result")
             fig = (f"{r['lat_us_median']:.2f} us (p99 {r['lat_us_p99']:.2f})"
                    if phase == "latency" else
+                   ", ".join(f"{n} {g['MBps']:.1f} MB/s"
+                             for (n, _), g in zip(SLICE_LEGS, r["legs"]))
+                   if leg == "slices" else
                    f"{r['MBps']:.1f} MB/s, {r['cpu_s_per_GB']:.3g} CPU s/GB")
             self.progress(f"{what}: {fig} ({time.monotonic() - start:.1f} s)")
         except RunFailed as e:
@@ -335,7 +364,9 @@ class Bench:
                     self.progress(f"rep {rep} memcpy 4 MiB: {ref['memcpy_MBps'][4 * MiB]:.0f} MB/s")
                 for conns in a.zc_conns:
                     for size in a.zc_sizes:
-                        for leg in order(rep, ["bcopy", "zcopy", "auto"]):
+                        # Without the layer there is no threshold to set (--no-sdp).
+                        legs = ["bcopy", "zcopy"] + ([] if a.no_sdp else ["slices"])
+                        for leg in order(rep, legs):
                             self.measure("zcopy", rep, leg, size, conns)
                 self.stop_servers()
 
@@ -442,7 +473,7 @@ def summarize(bench, args):
         rows = []
         for size in args.zc_sizes:
             row = {"conns": conns, "size": size}
-            for leg in ("bcopy", "zcopy", "auto"):
+            for leg in ("bcopy", "zcopy"):
                 row[f"{leg}_MBps"] = median(figures(runs, "zcopy", leg, size, conns, "MBps"))
                 row[f"{leg}_cpu_s_per_GB"] = median(
                     figures(runs, "zcopy", leg, size, conns, "cpu_s_per_GB"))
@@ -458,9 +489,7 @@ def summarize(bench, args):
                                               if zc else None)
             row["zcopy_share"] = row.pop("zcopy_zcopy_share")
             row["wzcopy_share"] = row.pop("zcopy_wzcopy_share")
-            row["auto_x_better"] = ratio(row["auto_MBps"], max(
-                (v for v in (row["bcopy_MBps"], row["zcopy_MBps"]) if v is not None),
-                default=None))
+            row.update(slices_row(runs, size, conns))
             row["bw_ratio"] = ratio(row["zcopy_MBps"], row["bcopy_MBps"])
             row["cpu_ratio"] = ratio(row["zcopy_cpu_s_per_GB"], row["bcopy_cpu_s_per_GB"])
             row["zcopy_x_memcpy"] = ratio(row["zcopy_MBps"], res["memcpy_MBps"].get(size))
@@ -470,6 +499,26 @@ def summarize(bench, args):
     res["auto"] = auto_against_fixed(res["zcopy"])
     res["targets"] = targets(res)
     return res
+
+
+def slices_row(runs, size, conns):
+    """auto beside the fixed choices at one point, from the runs in which they took turns on
+    the same connections: per run each leg's MB/s; auto / the better of BCopy and ZCopy in
+    that run, and its median over the runs."""
+    sl = [r["result"]["legs"] for r in runs if r["phase"] == "zcopy" and r["leg"] == "slices"
+          and r["size"] == size and r["conns"] == conns and "result" in r]
+    legs = [dict(zip((n for n, _ in SLICE_LEGS), run)) for run in sl]
+    row = {"slice_runs": [{n: g["MBps"] for n, g in run.items()} for run in legs]}
+    for name, _ in SLICE_LEGS:
+        row[f"slice_{name}_MBps"] = median([run[name]["MBps"] for run in legs])
+    row["auto_MBps"] = row.pop("slice_auto_MBps")
+    row["auto_x_better"] = median([run["auto"]["MBps"] / max(run["bcopy"]["MBps"],
+                                                             run["zcopy"]["MBps"])
+                                   for run in legs])
+    moved = sum(run["auto"]["bcopy_tx"] + run["auto"]["zcopy_tx"] for run in legs)
+    row["auto_zcopy_share"] = (sum(run["auto"]["zcopy_tx"] for run in legs) / moved
+                               if moved else None)
+    return row
 
 
 def crossover(rows):
@@ -498,20 +547,22 @@ def crossover(rows):
 def auto_against_fixed(rows):
     """The threshold `auto` against every fixed threshold T of the sweep (a send of at least
     T goes ZCopy: its figure at a point is the ZCopy leg's from T up, BCopy's below; T = inf
-    is BCopy only): the geometric mean over every point of (MB/s / the better fixed choice
-    there), and auto's worst point."""
-    pts = [r for r in rows if None not in (r["bcopy_MBps"], r["zcopy_MBps"], r["auto_MBps"])]
+    is BCopy only), all from the runs in which auto, BCopy and ZCopy took turns: at each point
+    the median over the runs of (MB/s / the better fixed choice in that run); the geometric
+    mean of that over the points, and auto's worst point."""
+    pts = [r for r in rows if r.get("slice_runs")]
     if not pts:
         return None
     def score(pick):
         return math.exp(statistics.fmean(
-            math.log(pick(r) / max(r["bcopy_MBps"], r["zcopy_MBps"])) for r in pts))
+            math.log(median([pick(run, r["size"]) / max(run["bcopy"], run["zcopy"])
+                             for run in r["slice_runs"]])) for r in pts))
     fixed = {}
     for t in sorted({r["size"] for r in pts}) + [math.inf]:
-        fixed[t] = score(lambda r, t=t: r["zcopy_MBps"] if r["size"] >= t else r["bcopy_MBps"])
+        fixed[t] = score(lambda run, size, t=t: run["zcopy"] if size >= t else run["bcopy"])
     best_t = max(fixed, key=fixed.get)
     worst = min(pts, key=lambda r: r["auto_x_better"])
-    return {"auto_score": score(lambda r: r["auto_MBps"]),
+    return {"auto_score": score(lambda run, size: run["auto"]),
             "fixed_scores": {("inf" if t == math.inf else t): v for t, v in fixed.items()},
             "best_fixed": "inf" if best_t == math.inf else best_t,
             "best_fixed_score": fixed[best_t],
@@ -607,15 +658,20 @@ def markdown(res, meta, traffic, failures):
                      f"{fmt(r['sdp_x_shm'], '.1f')}x |")
     if res["zcopy"]:
         L += ["", "## Zero-copy SDP: BCopy (threshold 0), ZCopy (threshold 1) and auto", "",
+              "BCopy and ZCopy: runs of their own (their CPU is that run's). auto: runs in which "
+              "auto, BCopy and ZCopy took turns on the same connections (slices of "
+              f"{meta['slice']} s, {meta['seconds']} s each; the receiver offers no buffers "
+              "there, so their ZCopy is Read ZCopy only); auto / better is the median over "
+              "those runs of auto / the better of the other two in the same run.", "",
               "memcpy reference (bench/references): "
               + ", ".join(f"{size_label(s)} {v:.0f} MB/s"
                           for s, v in res["memcpy_MBps"].items() if s in (64 * KiB, 4 * MiB)),
               ""]
         L.append("| conns | size | BCopy MB/s | ZCopy MB/s | Z / B | ZCopy / memcpy | "
                  "BCopy CPU s/GB | ZCopy CPU s/GB | Z / B CPU | ZCopy share | of it Write ZCopy | "
-                 "auto MB/s | auto / better | auto's ZCopy share |")
+                 "auto MB/s | BCopy, ZCopy beside it | auto / better | auto's ZCopy share |")
         L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                 "| ---: | ---: | ---: |")
+                 "| ---: | ---: | ---: | ---: |")
         pct = lambda v: "n/a" if v is None else f"{100 * v:.0f}%"  # noqa: E731
         for r in res["zcopy"]:
             L.append(f"| {r['conns']} | {size_label(r['size'])} | {fmt(r['bcopy_MBps'])} | "
@@ -624,15 +680,17 @@ def markdown(res, meta, traffic, failures):
                      f"{fmt(r['bcopy_cpu_s_per_GB'], '.3g')} | "
                      f"{fmt(r['zcopy_cpu_s_per_GB'], '.3g')} | {fmt(r['cpu_ratio'], '.2f')}x | "
                      f"{pct(r['zcopy_share'])} | {pct(r.get('wzcopy_share'))} | "
-                     f"{fmt(r['auto_MBps'])} | "
+                     f"{fmt(r['auto_MBps'])} | {fmt(r['slice_bcopy_MBps'])}, "
+                     f"{fmt(r['slice_zcopy_MBps'])} | "
                      f"{fmt(r['auto_x_better'], '.2f')}x | {pct(r['auto_zcopy_share'])} |")
         L += ["", "Crossover (smallest size from which ZCopy's bandwidth stays >= BCopy's):", ""]
         for conns, c in res["crossover"].items():
             L.append(f"- {conns} connection{'s' if conns > 1 else ''}: {c['text']}")
         a = res.get("auto")
         if a:
-            L += ["", "Threshold `auto` against fixed thresholds (geometric mean over the sweep "
-                  "of MB/s / the better fixed choice at each point; 1.0 = always the better):",
+            L += ["", "Threshold `auto` against fixed thresholds, from the runs where they took "
+                  "turns (geometric mean over the sweep of MB/s / the better fixed choice at "
+                  "each point; 1.0 = always the better):",
                   "", f"- auto: {a['auto_score']:.3f}"]
             L += [f"- fixed {'BCopy only' if t == 'inf' else size_label(t)}: {v:.3f}"
                   for t, v in a["fixed_scores"].items()]
@@ -671,6 +729,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--seconds", type=float)
+    ap.add_argument("--slice", type=float)
     ap.add_argument("--only", default=",".join(PHASES))
     ap.add_argument("--launcher")
     ap.add_argument("--sockbench")
@@ -691,6 +750,10 @@ def main():
     args.zc_sizes = QUICK_ZC_SIZES if args.quick else ZC_SIZES
     args.pp_iters = 1000 if args.quick else 5000
     args.ref_seconds = 0.02 if args.quick else 0.1
+    if args.slice is None:
+        args.slice = 0.05 if args.quick else 0.1
+    if not args.slice > 0:
+        ap.error("--slice must be > 0")
     args.ref_rounds = 2000 if args.quick else 20000
 
     args.sockbench = find_program(args.sockbench, "SOCKBENCH", "sockbench")
@@ -706,7 +769,7 @@ def main():
 
     bench = Bench(args, args.outdir)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv,
-            "quick": args.quick, "reps": args.reps, "seconds": args.seconds,
+            "quick": args.quick, "reps": args.reps, "seconds": args.seconds, "slice": args.slice,
             "pp_iters": args.pp_iters, "phases": args.only, "no_sdp": args.no_sdp,
             "sockbench": args.sockbench, "launcher": args.launcher, "fabric": bench.fabric,
             "cpus": os.cpu_count(), "load_start": loadavg()}

@@ -7,6 +7,7 @@
 //   sockbench server -p PORT [-b ADDR] [--once]
 //   sockbench stream -c HOST -p PORT -s WRITE_SIZE -t SECONDS [-n CONNS] [-r RECV_SIZE]
 //                    [--verify] [--nodelay]
+//                    [--legs THRESH,THRESH,... [--slice SECONDS] [--warmup SECONDS]]
 //   sockbench pingpong -c HOST -p PORT -s SIZE -i ITERS [-w WARMUP]
 //   sockbench refs [-s SIZE]... [-t SECONDS] [--pingpong-rounds N]
 //
@@ -15,6 +16,11 @@
 // so the client reports the CPU of both ends. Every data connection starts with a 16-byte header
 // that says what the server does with it (sink or echo). Results are one JSON line on stdout;
 // errors go to stderr and exit 1.
+//
+// `stream --legs` compares ZCopy thresholds of the layer on the same connections in one run:
+// the legs take turns in short slices (setsockopt SDP_ZCOPY_THRESH on every connection), so
+// the machine's slow and fast spells, which on a shared VM move a one-second figure by 10-30%,
+// fall on every leg alike. Each leg gets SECONDS of timed slices, after --warmup untimed.
 //
 // `refs` is not a socket test: it prints the references of bench/references.hpp (memcpy per size
 // and the shared-memory ping-pong), for bench/sdp_bench.py to set the figures beside.
@@ -61,6 +67,8 @@ using SdpStats = pcientb_sdp_stats;
 #else
 // The layout of sdp/include/pcientb/sdp.h, for building before (or without) the layer.
 #define SOCKBENCH_STATS_OPT 81
+#define SDP_ZCOPY_THRESH 80
+#define SDP_ZCOPY_AUTO (-1)
 struct SdpStats {
   uint32_t path;  // 0 tcp, 1 sdp, 2 not yet decided
   uint32_t pad;
@@ -566,6 +574,8 @@ struct ClientOptions {
   size_t recv_size = 0;
   double seconds = 1;
   int conns = 1;
+  std::vector<std::string> legs;  // stream: ZCopy thresholds taking turns ("auto" or bytes)
+  double slice = 0.1, legs_warmup = 0.5;
   uint64_t iters = 10000;
   int64_t warmup = -1;
   bool verify = false, nodelay = false;
@@ -596,27 +606,112 @@ void print_sdp_stats(const std::vector<SdpStats> &v) {
            s[0], s[1], s[2], s[3], s[4]);
 }
 
+// The thresholds of --legs as setsockopt(SDP_ZCOPY_THRESH) takes them.
+// -1 (SDP_ZCOPY_AUTO) for "auto", else bytes; -2 if it is neither.
+int leg_threshold(const std::string &leg) {
+  if (leg == "auto") return SDP_ZCOPY_AUTO;
+  char *end = nullptr;
+  errno = 0;
+  const long t = strtol(leg.c_str(), &end, 10);
+  return leg.empty() || *end || errno || t < 0 || t > INT32_MAX ? -2 : static_cast<int>(t);
+}
+
+std::vector<int> leg_thresholds(const std::vector<std::string> &legs) {
+  std::vector<int> v;
+  v.reserve(legs.size());
+  for (const std::string &l : legs) v.push_back(leg_threshold(l));
+  return v;
+}
+
+// The order of the legs' turns: a round in which every leg follows every other leg exactly
+// once (an Euler circuit of the complete directed graph), because a slice pays for what the
+// slice before it left (a ring full of the other path's data, its last send still running).
+std::vector<size_t> turn_order(size_t legs) {
+  if (legs == 1) return {0};
+  std::vector<std::vector<size_t>> next(legs);
+  for (size_t a = 0; a < legs; a++)
+    for (size_t b = legs; b-- > 0;)
+      if (b != a) next[a].push_back(b);
+  std::vector<size_t> path{0}, circuit;
+  while (!path.empty()) {
+    const size_t v = path.back();
+    if (next[v].empty()) {
+      circuit.push_back(v);
+      path.pop_back();
+    } else {
+      path.push_back(next[v].back());
+      next[v].pop_back();
+    }
+  }
+  circuit.pop_back();  // the circuit ends where it began
+  std::reverse(circuit.begin(), circuit.end());
+  return circuit;
+}
+
+// The slices of a --legs run: `warm_passes` untimed turns of each leg, the last of them the
+// round's last leg (so that the first timed turn follows it as in every round), then rounds
+// of turn_order until each leg has had at least `per_leg` timed slices.
+struct Slice {
+  size_t leg;
+  bool timed;
+};
+std::vector<Slice> plan_slices(size_t legs, size_t warm_passes, size_t per_leg) {
+  std::vector<Slice> v;
+  if (!legs) return v;
+  const std::vector<size_t> round = turn_order(legs);
+  for (size_t w = 0; w < warm_passes; w++)
+    for (size_t l = 1; l <= legs; l++) v.push_back({(round.back() + l) % legs, false});
+  const size_t turns = round.size() / legs;  // of each leg per round
+  for (size_t r = 0; r < (per_leg + turns - 1) / turns; r++)
+    for (size_t l : round) v.push_back({l, true});
+  return v;
+}
+
 int run_stream(const ClientOptions &o) {
   const size_t size = o.size;
   const uint32_t rsize =
       static_cast<uint32_t>(o.recv_size ? o.recv_size : std::max<size_t>(size, 256 << 10));
   const uint8_t flags = (o.verify ? kVerify : 0) | (o.nodelay ? kNoDelay : 0);
+  const std::vector<int> thresh = leg_thresholds(o.legs);
+  const size_t nlegs = thresh.size();
+  const size_t per_leg =
+      nlegs ? static_cast<size_t>(std::max(1.0, std::ceil(o.seconds / o.slice - 1e-9))) : 0;
+  // Untimed first: for about half a second after its start a run is slower here (in runs of
+  // one leg against itself, the first timed slices after one untimed pass of 0.2 s came out
+  // 2-3% slower than the rest; after 0.6 s, no difference).
+  const size_t warm_passes =
+      nlegs ? static_cast<size_t>(std::max(
+                  1.0, std::ceil(o.legs_warmup / (static_cast<double>(nlegs) * o.slice) - 1e-9)))
+            : 0;
+  const std::vector<Slice> slices = plan_slices(nlegs, warm_passes, per_leg);
   Watchdog wd;
   wd.stage("connecting");
   Control ctl(o.host, o.port);
 
+  // What one connection moved in one leg's timed slices, and for how long: from its first
+  // send in a slice to its first send in the next, so that a send that began in a slice
+  // counts there whole, with its time.
+  struct LegCount {
+    uint64_t bytes = 0, bcopy_tx = 0, zcopy_tx = 0;
+    double secs = 0;
+  };
   struct Conn {
     int fd = -1;
     uint64_t sent = 0;
     SinkTrailer trailer{};
     SdpStats stats{};
+    std::vector<LegCount> legs;
     std::string err;
   };
   std::vector<Conn> conns(static_cast<size_t>(o.conns));
-  for (Conn &c : conns) c.fd = open_conn(o.host, o.port, kSink, flags, rsize);
+  for (Conn &c : conns) {
+    c.fd = open_conn(o.host, o.port, kSink, flags, rsize);
+    c.legs.resize(nlegs);
+  }
 
   std::atomic<int> ready{0};
-  std::atomic<bool> go{false}, stop{false};
+  std::atomic<bool> go{false}, stop{false}, failed{false};
+  std::atomic<size_t> slice_now{0};  // index into `slices` (with --legs)
   std::vector<std::thread> threads;
   for (Conn &c : conns) {
     threads.emplace_back([&, &c = c] {
@@ -626,12 +721,45 @@ int run_stream(const ClientOptions &o) {
         for (size_t i = 0; i < buf.size; i++) buf.data[i] = i % kPatternPeriod;
       ready++;
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      // A send counts for the slice it began in; the layer's counters are read at each turn.
+      size_t k = SIZE_MAX;
+      SdpStats at_turn{};
+      double turned = 0;
+      auto close_slice = [&](const SdpStats &now, double t) {
+        if (k == SIZE_MAX || !slices[k].timed) return;
+        LegCount &lc = c.legs[slices[k].leg];
+        lc.bcopy_tx += now.bcopy_tx - at_turn.bcopy_tx;
+        lc.zcopy_tx += now.zcopy_tx - at_turn.zcopy_tx;
+        lc.secs += t - turned;
+      };
       // At least one write per connection, however late this thread gets a core.
       bool ok = true;
       do {
+        if (nlegs) {
+          const size_t n = slice_now.load(std::memory_order_acquire);
+          if (n != k) {
+            const SdpStats now = sdp_stats(c.fd);
+            const double t = now_s();
+            close_slice(now, t);
+            if (k == SIZE_MAX || slices[n].leg != slices[k].leg) {
+              const int th = thresh[slices[n].leg];
+              if (setsockopt(c.fd, IPPROTO_TCP, SDP_ZCOPY_THRESH, &th, sizeof th) != 0) {
+                c.err = std::string("setsockopt(SDP_ZCOPY_THRESH): ") + strerror(errno) +
+                        " (--legs needs the layer: run under pcientb-sdp)";
+                ok = false;
+                break;
+              }
+            }
+            k = n, at_turn = now, turned = t;
+          }
+        }
         ok = send_all(c.fd, buf.data + (o.verify ? c.sent % kPatternPeriod : 0), size, &c.err);
-        if (ok) c.sent += size;
+        if (ok) {
+          c.sent += size;
+          if (nlegs && slices[k].timed) c.legs[slices[k].leg].bytes += size;
+        }
       } while (ok && !stop.load(std::memory_order_relaxed));
+      if (ok && nlegs) close_slice(sdp_stats(c.fd), now_s());
       // The server counts until EOF, then answers with its count.
       if (ok && shutdown(c.fd, SHUT_WR) != 0) {
         c.err = std::string("shutdown(SHUT_WR): ") + strerror(errno);
@@ -644,20 +772,31 @@ int run_stream(const ClientOptions &o) {
       }
       if (ok) c.stats = sdp_stats(c.fd);
       if (!ok && c.err.empty()) c.err = "failed";
+      if (!ok) failed = true;
     });
   }
   while (ready.load() < o.conns) std::this_thread::yield();
 
+  auto sleep_until = [](double until) {
+    for (double left; (left = until - now_s()) > 0;) {
+      const timespec ts{static_cast<time_t>(left),
+                        static_cast<long>((left - std::floor(left)) * 1e9)};
+      nanosleep(&ts, nullptr);
+    }
+  };
   ctl.start();
-  wd.stage("streaming", o.seconds);
+  const double planned = nlegs ? static_cast<double>(slices.size()) * o.slice : o.seconds;
+  wd.stage("streaming", planned);
   const Cpu cpu0 = Cpu::now();
   const double t0 = now_s();
   go.store(true, std::memory_order_release);
-  const double until = t0 + o.seconds;
-  for (double left; (left = until - now_s()) > 0;) {
-    const timespec ts{static_cast<time_t>(left),
-                      static_cast<long>((left - std::floor(left)) * 1e9)};
-    nanosleep(&ts, nullptr);
+  if (nlegs) {
+    for (size_t n = 0; n < slices.size() && !failed.load(); n++) {
+      if (n) slice_now.store(n, std::memory_order_release);
+      sleep_until(t0 + static_cast<double>(n + 1) * o.slice);
+    }
+  } else {
+    sleep_until(t0 + o.seconds);
   }
   stop.store(true, std::memory_order_relaxed);
   wd.stage(
@@ -699,6 +838,27 @@ int run_stream(const ClientOptions &o) {
          total_cpu / (static_cast<double>(bytes) / 1e9), o.verify ? "true" : "false",
          join_paths(paths).c_str());
   print_sdp_stats(stats);
+  if (nlegs) {
+    printf(R"(,"slice_s":%.3f,"legs":[)", o.slice);
+    for (size_t l = 0; l < nlegs; l++) {
+      // The connections' rates add up; seconds: the connections' mean.
+      LegCount sum;
+      double rate = 0;
+      for (const Conn &c : conns) {
+        const LegCount &lc = c.legs[l];
+        sum.bytes += lc.bytes;
+        sum.bcopy_tx += lc.bcopy_tx;
+        sum.zcopy_tx += lc.zcopy_tx;
+        sum.secs += lc.secs / static_cast<double>(conns.size());
+        if (lc.secs > 0) rate += static_cast<double>(lc.bytes) / lc.secs;
+      }
+      printf("%s{\"thresh\":\"%s\",\"seconds\":%.6f,\"bytes\":%" PRIu64
+             ",\"MBps\":%.3f,\"bcopy_tx\":%" PRIu64 ",\"zcopy_tx\":%" PRIu64 "}",
+             l ? "," : "", o.legs[l].c_str(), sum.secs, sum.bytes, rate / 1e6, sum.bcopy_tx,
+             sum.zcopy_tx);
+    }
+    printf("]");
+  }
   printf("}\n");
   return 0;
 }
@@ -878,6 +1038,30 @@ int main(int argc, char **argv) {
   size_option(stream, "-r", &o.recv_size, "The server's recv() size (default max(SIZE, 256 KiB))");
   stream->add_flag("--verify", o.verify, "The server checks the data (costs CPU)");
   stream->add_flag("--nodelay", o.nodelay, "TCP_NODELAY");
+  CLI::Option *legs_opt =
+      stream
+          ->add_option("--legs", o.legs,
+                       "ZCopy thresholds of the layer that take turns on the same connections, a "
+                       "slice at a time (auto, or bytes: 0 = BCopy only, 1 = every send ZCopy); "
+                       "each gets SECONDS of timed slices after --warmup; MB/s per leg")
+          ->delimiter(',')
+          ->check(CLI::Validator(
+              [](std::string &v) {
+                return leg_threshold(v) >= SDP_ZCOPY_AUTO
+                           ? std::string()
+                           : "not a threshold: " + v + " (auto, or bytes: 0 = BCopy only)";
+              },
+              "THRESH"));
+  stream->add_option("--slice", o.slice, "Seconds of one slice of --legs")
+      ->check(positive_seconds())
+      ->capture_default_str()
+      ->needs(legs_opt);
+  stream
+      ->add_option("--warmup", o.legs_warmup,
+                   "Untimed seconds of --legs first (whole turns of every leg, at least one)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str()
+      ->needs(legs_opt);
   pingpong->add_option("-i", o.iters, "Timed round trips")
       ->required()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
@@ -901,7 +1085,16 @@ int main(int argc, char **argv) {
   }
 
   if (server->parsed()) return run_server(bind_addr, o.port, once);
-  if (stream->parsed()) return run_stream(o);
+  if (stream->parsed()) {
+    if (!o.legs.empty() &&
+        (o.seconds / o.slice > 1e6 || o.legs_warmup / o.slice > 1e6 || o.legs.size() > 64)) {
+      fprintf(stderr,
+              "sockbench: --legs: at most 64 legs and 10^6 slices each (-t and "
+              "--warmup over --slice)\n");
+      return 2;
+    }
+    return run_stream(o);
+  }
   if (pingpong->parsed()) return run_pingpong(o);
   if (o.sizes.empty()) o.sizes = {size_t{4} << 20};
   if (!refs->count("-t")) o.seconds = 0.2;

@@ -11,7 +11,7 @@
 // path, and the epoch's figure is the bytes all of them completed per second (after a
 // settling part: the other path's leftovers in the rings). The better path is used; the
 // other gets an epoch again after a number of epochs that doubles while it keeps losing
-// clearly (at once the most, 1 in 64, when it lost by 4x or more), so that a change of
+// (at once the most, 1 in 64, when it lost by 4x or more), so that a change of
 // conditions is seen and a loser costs little; it takes over when it wins two such trials in
 // a row. Each size class warms up each path first (registration caches, page faults: BCopy
 // until each socket that sent went round its ring once), and keeps estimates per number of
@@ -20,10 +20,19 @@
 // counting only the completions filed an epoch of 8 sockets after a slow one under 3-4, and
 // the path that had been slow kept a stale figure for 5+ for ever).
 //
+// A measured send costs 65-70 ns here (two clock reads, three locks): 1.6% of a 64 KiB BCopy
+// send, 4% of a 16 KiB one. So in a BCopy epoch a socket measures its first send and then
+// one in sample_every() (1 in 4 at 16 KiB, 1 in 2 up to 128 KiB); the others take the path
+// in use (measures(): no lock, no clock), and a measured send stands for itself and them.
+// Every ZCopy send is measured. A trial of a path that lost by 4x or more lasts half an
+// epoch: it only has to show that the path still loses (ZCopy of 16-256 KiB is 3-40x slower than
+// BCopy here).
+//
 // This file knows no socket: the caller gives the time and what it knows of the socket, so
 // tests drive it with a clock of their own (tests/auto_threshold_test.cpp).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -42,9 +51,11 @@ class AutoThreshold {
     int size = 0;
     uint64_t epoch = 0;
     bool zcopy = false;
+    uint32_t weight = 1;  // the sends it stands for
   };
-  // A send of `len` bytes begins at `now` (ns, any monotonic clock).
-  Send begin(size_t len, uint64_t now);
+  // A send of `len` bytes begins at `now` (ns, any monotonic clock); `weight`: what
+  // measures() answered.
+  Send begin(size_t len, uint64_t now, uint32_t weight = 1);
   // It completed `bytes` by `went_zcopy` at `now` (a send partly sent by the other path, or
   // failed, is not reported). `new_socket`: its socket has counted no send in this epoch yet;
   // `cold`: a BCopy send that wrote ring pages never written before. True if it counted (the
@@ -53,6 +64,11 @@ class AutoThreshold {
                  bool cold);
   // It ended, completed or not.
   void end(const Send &send);
+  // Whether a socket measures its next send of `len` bytes (begin .. end): its first in an
+  // epoch (`socket_epoch`: the last one a send of it counted in), then 1 in a few
+  // (`unmeasured` counts). Returns the sends it stands for (itself, and the unmeasured ones
+  // since the last), or 0: then *zcopy is the running epoch's path, for the send to take.
+  uint32_t measures(size_t len, uint64_t socket_epoch, uint32_t &unmeasured, bool *zcopy) const;
   // Held over fork(): a child, which has only the forking thread, would wait for it for ever.
   void fork_lock(bool lock) { lock ? mu_.lock() : mu_.unlock(); }
 
@@ -75,13 +91,17 @@ class AutoThreshold {
   };
   struct Cell {
     Estimate est[kConnBuckets];
-    uint64_t epoch = 0;             // 0: none running
-    bool zcopy = false;             // the running epoch's path
+    uint64_t epoch = 0;        // 0: none running
+    bool zcopy = false;        // the running epoch's path
+    bool short_trial = false;  // ... of a path that lost by 4x or more: half an epoch
+    // epoch << 1 | zcopy, for the sends that are not measured
+    std::atomic<uint64_t> running{0};
     bool trial = false;             // ... is the worse one, tried again
     bool warm[2] = {false, false};  // a path's warm-up in this cell is over
     bool cold = false;              // a BCopy send of the epoch wrote ring pages the first time
     int conns = 0;                  // bucket of the connections that sent in the last epoch
     uint64_t start_ns = 0, timed_ns = 0;
+    uint64_t active_ns = 0;  // the last begin or completion of the epoch
     // Sends completed after timed_ns: the rate is the bytes after the first of them over the
     // time from the first to the last.
     uint64_t first_ns = 0, last_ns = 0, first_bytes = 0, bytes = 0;
@@ -93,7 +113,8 @@ class AutoThreshold {
 
   static int conn_bucket(uint32_t sockets);
   static int size_bucket(size_t len);
-  void close_epoch(Cell &c, int size);
+  static uint32_t sample_every(int size);
+  void close_epoch(Cell &c, int size, bool idle);
   void open_epoch(Cell &c, uint64_t now);
 
   std::mutex mu_;

@@ -308,6 +308,7 @@ struct Sock : std::enable_shared_from_this<Sock> {
   bool nonblocking = false;
   int zcopy_thresh = kThreshUnset;  // SDP_ZCOPY_THRESH set on this socket
   uint64_t auto_epoch = 0;          // the last `auto` epoch a send of this socket counted in
+  uint32_t auto_unmeasured = 0;     // `auto` sends since the last measured one
   int mark_fd = -1;                 // listener mark or client marker (abstract AF_UNIX name), held
   bool connecting = false;          // a non-blocking connect is in progress (client)
   Link link;

@@ -1040,7 +1040,8 @@ AutoThreshold &auto_threshold() {
 // so, failed or partly sent by the other path, is not counted). Called with the socket's lock.
 class AutoSend {
  public:
-  AutoSend(Sock &s, size_t len) : s_(s), send_(auto_threshold().begin(len, now_ns())) {}
+  AutoSend(Sock &s, size_t len, uint32_t weight)
+      : s_(s), send_(auto_threshold().begin(len, now_ns(), weight)) {}
   ~AutoSend() { auto_threshold().end(send_); }
   AutoSend(const AutoSend &) = delete;
   AutoSend &operator=(const AutoSend &) = delete;
@@ -1103,9 +1104,14 @@ ssize_t stream_send(Sock &s, const iovec *iov, int iovcnt, int flags) {
   const int thresh = zcopy_threshold(s);
   const bool may_zcopy = block && iovcnt == 1 && total <= (1u << 31);
   std::optional<AutoSend> choice;
-  if (may_zcopy && thresh == SDP_ZCOPY_AUTO && total >= kAutoMinBytes) choice.emplace(s, total);
+  bool zcopy = may_zcopy && thresh > 0 && total >= size_t(thresh);
+  if (may_zcopy && thresh == SDP_ZCOPY_AUTO && total >= kAutoMinBytes) {
+    if (const uint32_t weight =
+            auto_threshold().measures(total, s.auto_epoch, s.auto_unmeasured, &zcopy))
+      zcopy = choice.emplace(s, total, weight).zcopy();
+  }
   size_t sent = 0;
-  if (choice ? choice->zcopy() : may_zcopy && thresh > 0 && total >= size_t(thresh)) {
+  if (zcopy) {
     char *buf = static_cast<char *>(iov[0].iov_base);
     progress(s);  // the peer's offer of a receive buffer comes in an ack
     ssize_t w = wz_send(s, lk, buf, total);

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "adaptive.hpp"
@@ -18,9 +22,12 @@ constexpr uint64_t kMs = 1'000'000;
 constexpr uint64_t kRing = 1 << 20;
 
 struct Socket {
-  uint64_t busy_until = 0;  // the running send completes then
-  AutoThreshold::Send send;
+  uint64_t busy_until = 0;   // the running send completes then
+  AutoThreshold::Send send;  // of the last measured send
   bool running = false;
+  bool measured = false;  // the running send is (else it took AutoThreshold::path())
+  bool zcopy = false;     // the running send's path
+  uint32_t unmeasured = 0;
   uint64_t tx = 0;  // ring bytes written (BCopy data; a ZCopy send writes a record)
   uint64_t auto_epoch = 0;
 };
@@ -37,7 +44,8 @@ struct Tally {
 
 class Sim {
  public:
-  Sim(size_t len, Speed speed) : len_(len), speed_(std::move(speed)) {}
+  Sim(size_t len, Speed speed, AutoThreshold::Log log = nullptr)
+      : auto_(log), len_(len), speed_(std::move(speed)) {}
 
   void add_sockets(int n) { sockets_.resize(sockets_.size() + size_t(n)); }
   // Every socket's connection replaced by a new one (its ring cold again).
@@ -55,32 +63,52 @@ class Sim {
       now_ = std::max(now_, next->busy_until);
       if (now_ >= until) return t;
       Socket &s = *next;
-      if (s.running) {
-        s.tx += s.send.zcopy ? 64 : len_;
-        if (auto_.completed(s.send, len_, s.send.zcopy, now_, s.auto_epoch != s.send.epoch,
-                            s.tx < kRing))
-          s.auto_epoch = s.send.epoch;
-        auto_.end(s.send);
+      if (s.running) complete(s);
+      // As the socket layer.
+      const uint32_t weight = auto_.measures(len_, s.auto_epoch, s.unmeasured, &s.zcopy);
+      s.measured = weight != 0;
+      if (s.measured) {
+        s.send = auto_.begin(len_, now_, weight);
+        s.zcopy = s.send.zcopy;
       }
-      s.send = auto_.begin(len_, now_);
       s.running = true;
-      const bool cold = !s.send.zcopy && s.tx < kRing;
-      s.busy_until = now_ + uint64_t(double(len_) / speed_(s.send.zcopy, cold, now_)) + 1;
+      const bool cold = !s.zcopy && s.tx < kRing;
+      s.busy_until = now_ + uint64_t(double(len_) / speed_(s.zcopy, cold, now_)) + 1;
       if (now_ >= from) {
-        ++t.sends[s.send.zcopy];
-        if (s.send.zcopy && (t.zcopy_epochs.empty() || t.zcopy_epochs.back() != s.send.epoch))
+        ++t.sends[s.zcopy];
+        if (s.measured && s.zcopy &&
+            (t.zcopy_epochs.empty() || t.zcopy_epochs.back() != s.send.epoch))
           t.zcopy_epochs.push_back(s.send.epoch);
       }
     }
   }
 
  private:
+  void complete(Socket &s) {
+    s.tx += s.zcopy ? 64 : len_;
+    if (!s.measured) return;
+    if (auto_.completed(s.send, len_, s.zcopy, now_, s.auto_epoch != s.send.epoch, s.tx < kRing))
+      s.auto_epoch = s.send.epoch;
+    auto_.end(s.send);
+  }
+
   AutoThreshold auto_;
   size_t len_;
   Speed speed_;
   std::vector<Socket> sockets_;
   uint64_t now_ = 0;
 };
+
+// The threshold's last log line.
+std::string g_logged;
+void capture_log(const char *fmt, ...) {
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  g_logged = line;
+}
 
 // Bytes per ns for one of `n` sockets sharing `gb_s` GB/s.
 double share(double gb_s, int n) {
@@ -115,6 +143,17 @@ TEST(AutoThreshold, APathThatLosesHopelesslyIsTriedAgainOnlyAfterTheLongestGap) 
   EXPECT_LE(later.zcopy_epochs.size(), 3u);
 }
 
+// Near the crossover the paths are within 1.1-1.3x; a trial of the slower costs (1 - 1/r) of
+// an epoch, and one every 4 epochs cost 2-4% of the bytes. Each lost trial doubles the gap.
+TEST(AutoThreshold, ATrialThatLosesNarrowlyWaitsLongerEachTime) {
+  Sim sim(1 << 20, [](bool zcopy, bool, uint64_t) { return share(zcopy ? 5.0 : 6.0, 2); });
+  sim.add_sockets(2);
+  const Tally t = sim.run(0, 300 * AutoThreshold::kEpochNs);
+  // Warm-up, measurement, then trials after 4, 8, 16, 32, 64, 64, 64 and 64 epochs at most.
+  EXPECT_LE(t.zcopy_epochs.size(), 10u) << ::testing::PrintToString(t.zcopy_epochs);
+  EXPECT_LT(t.zcopy_share(), 0.05);
+}
+
 // When the faster path becomes the slower, the other takes over within the longest gap and
 // its two trials.
 TEST(AutoThreshold, FollowsAChangeOfTheFasterPath) {
@@ -142,6 +181,118 @@ TEST(AutoThreshold, ATrialThatOnlyWarmedUpNewSocketsIsMadeAgainAtOnce) {
   sim.add_sockets(3);
   sim.run(1000 * kMs, 1700 * kMs);
   EXPECT_LT(sim.run(1700 * kMs, 2000 * kMs).zcopy_share(), 0.1);
+}
+
+// Sends of 16-32 KiB are measured one in four (the bookkeeping cost 9% of such a send); the
+// others take the path of the running epoch, so the choice holds for all of them.
+TEST(AutoThreshold, SendsThatAreNotMeasuredTakeTheChosenPath) {
+  for (const bool zcopy_faster : {true, false}) {
+    Sim sim(16 << 10, [zcopy_faster](bool zcopy, bool, uint64_t) {
+      return share(zcopy == zcopy_faster ? 8.0 : 2.0, 2);
+    });
+    sim.add_sockets(2);
+    sim.run(0, 500 * kMs);
+    const Tally t = sim.run(500 * kMs, 1000 * kMs);
+    if (zcopy_faster)
+      EXPECT_GT(t.zcopy_share(), 0.9) << t.sends[0] << " BCopy sends, " << t.sends[1] << " ZCopy";
+    else
+      EXPECT_LT(t.zcopy_share(), 0.1) << t.sends[0] << " BCopy sends, " << t.sends[1] << " ZCopy";
+  }
+}
+
+// After its first send of an epoch, a socket measures 1 in 4 sends of 16-32 KiB, 1 in 2 up to
+// 128 KiB, and every larger one.
+TEST(AutoThreshold, SmallSendsAreMeasuredOneInAFew) {
+  for (const auto &[len, every] : {std::pair{size_t{16} << 10, 4}, std::pair{size_t{100} << 10, 2},
+                                   std::pair{size_t{256} << 10, 1}}) {
+    AutoThreshold at;
+    const AutoThreshold::Send first = at.begin(len, 0);
+    at.end(first);
+    uint32_t unmeasured = 0;
+    int measured = 0;
+    bool zcopy = true;
+    for (int i = 0; i < 100; i++) {
+      if (const uint32_t weight = at.measures(len, first.epoch, unmeasured, &zcopy)) {
+        ++measured;
+        EXPECT_EQ(weight, uint32_t(every)) << "it stands for itself and the unmeasured ones";
+      }
+    }
+    EXPECT_EQ(measured, 100 / every) << len << " bytes";
+    if (every > 1) {
+      EXPECT_FALSE(zcopy) << "the path of the epoch (BCopy first)";
+    }
+    EXPECT_EQ(at.measures(len, first.epoch - 1, unmeasured, &zcopy), 1u)
+        << "a socket's first send in an epoch, standing for itself";
+  }
+}
+
+// A measured send stands for itself and the sends not measured since the socket's last one,
+// so that the paths' figures are the bytes all sends moved. ZCopy sends are all measured: a
+// ZCopy trial of 8 sockets at 16 KiB makes few sends a socket, and sampled it measured 1.4x
+// its speed (the first sample's weight included sends completed before the timed part).
+TEST(AutoThreshold, TheFiguresCountTheSendsThatWereNotMeasured) {
+  Sim sim(
+      16 << 10, [](bool zcopy, bool, uint64_t) { return share(zcopy ? 0.2 : 8.0, 8); },
+      capture_log);
+  sim.add_sockets(8);
+  g_logged.clear();
+  sim.run(0, 300 * kMs);
+  double bcopy = 0, zcopy = 0;
+  const size_t at = g_logged.find("(BCopy");
+  ASSERT_NE(at, std::string::npos) << g_logged;
+  ASSERT_EQ(sscanf(g_logged.c_str() + at, "(BCopy %lf MB/s, ZCopy %lf MB/s)", &bcopy, &zcopy), 2)
+      << g_logged;
+  EXPECT_NEAR(bcopy, 8000, 800) << g_logged;
+  EXPECT_NEAR(zcopy, 200, 20) << g_logged;
+}
+
+// A program that sends in bursts: an epoch that a pause falls in would time the sends after
+// it from before it, and its path would look many times slower than it is. It ends at the
+// first send after a pause of an epoch's time, without a figure.
+TEST(AutoThreshold, AnEpochThatAPauseFallsInEndsAtTheFirstSendAfterIt) {
+  AutoThreshold at;
+  const AutoThreshold::Send a = at.begin(64 << 10, 0);
+  at.completed(a, 64 << 10, a.zcopy, 3 * kMs, true, false);
+  at.end(a);
+  const AutoThreshold::Send b = at.begin(64 << 10, 3 * kMs);
+  at.completed(b, 64 << 10, b.zcopy, 4 * kMs, false, false);
+  at.end(b);
+  const AutoThreshold::Send later = at.begin(64 << 10, 60 * kMs);
+  EXPECT_NE(later.epoch, a.epoch);
+  at.end(later);
+}
+
+// An epoch whose timed sends all completed at one instant has no time to divide by: it goes
+// on until it has (so a short trial of 8 sockets in step is not lost, and made again).
+TEST(AutoThreshold, AnEpochGoesOnUntilItsSendsCanBeTimed) {
+  AutoThreshold at;
+  const AutoThreshold::Send first = at.begin(64 << 10, 0);
+  at.end(first);
+  for (int i = 0; i < 4; i++) {
+    const AutoThreshold::Send s = at.begin(64 << 10, 1 * kMs);
+    at.completed(s, 64 << 10, s.zcopy, 5 * kMs, i == 0, false);
+    at.end(s);
+  }
+  const AutoThreshold::Send later = at.begin(64 << 10, 11 * kMs);
+  EXPECT_EQ(later.epoch, first.epoch);
+  at.end(later);
+}
+
+// A trial of a path that lost by 4x or more lasts half an epoch: it only has to show that the
+// path still loses, and at 16-256 KiB every such trial of ZCopy cost an epoch of BCopy's
+// bytes.
+TEST(AutoThreshold, AHopelessPathIsTriedForHalfAnEpoch) {
+  constexpr size_t kLen = 64 << 10;
+  constexpr double kZcopy = 0.5;  // bytes per ns, against BCopy's 8
+  Sim sim(kLen, [](bool zcopy, bool, uint64_t) { return share(zcopy ? kZcopy : 8.0, 1); });
+  sim.add_sockets(1);
+  sim.run(0, 300 * kMs);
+  constexpr uint64_t kFourGaps = AutoThreshold::kEpochNs * 4 * (AutoThreshold::kMaxGap + 1);
+  const Tally t = sim.run(300 * kMs, 300 * kMs + kFourGaps);
+  ASSERT_GE(t.zcopy_epochs.size(), 3u);
+  const double zcopy_ns = double(t.sends[1]) * double(kLen) / kZcopy;
+  EXPECT_LT(zcopy_ns / double(t.zcopy_epochs.size()), 0.6 * double(AutoThreshold::kEpochNs))
+      << t.sends[1] << " ZCopy sends in " << t.zcopy_epochs.size() << " trials";
 }
 
 // The caller reads its clock before the threshold's lock: a thread that read it a moment

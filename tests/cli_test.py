@@ -93,6 +93,16 @@ def main():
     bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "0"], "-t")
     bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "1", "-n", "0"], "-n")
     bad(sockbench, ["stream", "-p", "1", "-s", "4K", "-t", "1"], "-c")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "1", "--legs", "0,x"],
+        "--legs")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "1", "--legs", "-5"],
+        "--legs")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "1", "--legs", ""],
+        "--legs")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "1", "--slice", "0.1"],
+        "--legs")
+    bad(sockbench, ["stream", "-c", "h", "-p", "1", "-s", "4K", "-t", "1e9", "--legs", "0,auto",
+                    "--slice", "0.001"], "--legs")
     bad(sockbench, ["pingpong", "-c", "h", "-p", "1", "-s", "8", "-i", "5x"], "-i")
     bad(sockbench, ["refs", "-s", "2G"], "-s")
     rc, out, err = run([sockbench, "refs", "-s", "4K", "-s", "1M", "-t", "0.02",

@@ -16,8 +16,9 @@
  * zero copy on this socket; SDP_ZCOPY_AUTO lets the layer choose per send from what each
  * path has cost in this process for that size and that many connections sending (sends
  * below 16 KiB always copy). The default comes from PCIENTB_SDP_ZCOPY_THRESH (a number or
- * "auto"); without it 1048576: on the emulated fabric registering a buffer costs a copy of
- * it, so BCopy is as fast below that (see NOTES.md). Number and level as OFED's SDP.
+ * "auto"); without it 2097152: on the emulated fabric BCopy is as fast below that (the best
+ * single threshold of scripts/sdp-bench.sh's sweep; see NOTES.md). Number and level as
+ * OFED's SDP.
  * getsockopt returns the current value. */
 #define SDP_ZCOPY_THRESH 80
 #define SDP_ZCOPY_AUTO (-1)
