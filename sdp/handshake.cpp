@@ -273,7 +273,7 @@ void stay_tcp(Sock &s, const char *reason) {
   s.stats.path = PCIENTB_SDP_PATH_TCP;
   s.reason = reason;
   write_stats(s);
-  forget_sock(s.fd);
+  forget_sock(s);
 }
 
 // The link is this process's: a child forked from now on uses the socket as TCP.

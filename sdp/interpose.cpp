@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <utility>
 
 #include "sdp.hpp"
 
@@ -77,8 +78,28 @@ Real load_real() {
 // The table: a flag per small descriptor so that other descriptors cost one load.
 constexpr int kFast = 1 << 16;
 std::atomic<uint8_t> fast[kFast];
-// The sockets of small descriptors, readable without the table's lock (written under it).
-std::atomic<std::shared_ptr<Sock>> *fast_sock = new std::atomic<std::shared_ptr<Sock>>[kFast];
+// The sockets of small descriptors, read without the table's lock (written under it), each
+// under its stripe's lock. Not std::atomic<std::shared_ptr>: its hidden spin lock, held by
+// another thread at a fork(), stays held in the child, whose first lookup of that
+// descriptor then spins for ever. fork_prepare holds every stripe over fork().
+std::shared_ptr<Sock> *fast_sock = new std::shared_ptr<Sock>[kFast];
+constexpr int kStripes = 64;
+std::mutex *fast_mu = new std::mutex[kStripes];
+
+std::shared_ptr<Sock> fast_sock_of(int fd) {
+  std::lock_guard<std::mutex> lk(fast_mu[fd % kStripes]);
+  return fast_sock[fd];
+}
+
+// Returns the socket fd named before, to be let go of after the stripe's lock.
+std::shared_ptr<Sock> set_fast_sock(int fd, std::shared_ptr<Sock> s) {
+  std::lock_guard<std::mutex> lk(fast_mu[fd % kStripes]);
+  return std::exchange(fast_sock[fd], std::move(s));
+}
+
+void fast_fork_lock(bool take) {
+  for (int i = 0; i < kStripes; ++i) take ? fast_mu[i].lock() : fast_mu[i].unlock();
+}
 // Bumped at every change of a small descriptor's mapping: a thread's cached lookup of the
 // descriptor is good while the number has not moved.
 std::atomic<uint32_t> fast_gen[kFast];
@@ -93,14 +114,17 @@ std::mutex tab_mu;
 std::unordered_map<int, std::shared_ptr<Sock>> *tab =
     new std::unordered_map<int, std::shared_ptr<Sock>>();
 
+// Names s by fd, unless the layer let go of s meanwhile (another thread handed it back
+// between the caller's lookup and here): fd is then the kernel's TCP socket only.
 void map_fd(int fd, const std::shared_ptr<Sock> &s) {
   std::lock_guard<std::mutex> lk(tab_mu);
+  if (s->forgotten) return;
   auto &slot = (*tab)[fd];
   if (slot) --slot->refs;
   slot = s;
   ++s->refs;
   if (fd < kFast) {
-    fast_sock[fd].store(s);
+    set_fast_sock(fd, s);
     fast_gen[fd].fetch_add(1, std::memory_order_acq_rel);
     fast[fd].store(1, std::memory_order_release);
   }
@@ -116,9 +140,35 @@ std::shared_ptr<Sock> unmap_fd(int fd) {
   if (fd < kFast) {
     fast[fd].store(0, std::memory_order_release);
     fast_gen[fd].fetch_add(1, std::memory_order_acq_rel);
-    fast_sock[fd].store(nullptr);
+    set_fast_sock(fd, nullptr);
   }
-  return --s->refs == 0 ? s : nullptr;
+  if (--s->refs != 0) return nullptr;
+  s->forgotten = true;
+  return s;
+}
+
+// Takes every descriptor naming s out of the table, once: true for the caller that did
+// (it closes s.fd), false when another thread let go of s first. Without the once, a
+// descriptor dup'd meanwhile named s again, and its close closed s.fd a second time:
+// by then the number could be a file another thread had just opened.
+bool unmap_all(Sock &s) {
+  std::lock_guard<std::mutex> lk(tab_mu);
+  if (s.forgotten) return false;
+  s.forgotten = true;
+  for (auto it = tab->begin(); it != tab->end();) {
+    if (it->second.get() != &s) {
+      ++it;
+      continue;
+    }
+    if (it->first < kFast) {
+      fast[it->first].store(0, std::memory_order_release);
+      fast_gen[it->first].fetch_add(1, std::memory_order_acq_rel);
+      set_fast_sock(it->first, nullptr);
+    }
+    it = tab->erase(it);
+  }
+  s.refs = 0;
+  return true;
 }
 
 bool is_stream_inet(int domain, int type, int protocol) {
@@ -217,8 +267,7 @@ namespace {
 
 std::shared_ptr<Sock> lookup(int fd) {
   if (fd < 0) return nullptr;
-  if (fd < kFast)
-    return fast[fd].load(std::memory_order_acquire) == 1 ? fast_sock[fd].load() : nullptr;
+  if (fd < kFast) return fast[fd].load(std::memory_order_acquire) == 1 ? fast_sock_of(fd) : nullptr;
   std::lock_guard<std::mutex> lk(tab_mu);
   auto it = tab->find(fd);
   return it == tab->end() ? nullptr : it->second;
@@ -230,23 +279,7 @@ std::shared_ptr<Sock> lookup(int fd) {
 // it may be in are the parent's too: left alone.
 void drop_inherited(const std::shared_ptr<Sock> &s) {
   if (s->ino) ask_hand_back(inherited(*s) ? s->owner : kAncestors, s->ino);
-  {
-    std::lock_guard<std::mutex> lk(tab_mu);
-    for (auto it = tab->begin(); it != tab->end();) {
-      if (it->second != s) {
-        ++it;
-        continue;
-      }
-      if (it->first < kFast) {
-        fast[it->first].store(0, std::memory_order_release);
-        fast_gen[it->first].fetch_add(1, std::memory_order_acq_rel);
-        fast_sock[it->first].store(nullptr);
-      }
-      it = tab->erase(it);
-    }
-  }
-  s->refs = 0;
-  real().close(s->fd);
+  if (unmap_all(*s)) real().close(s->fd);
 }
 
 }  // namespace
@@ -260,31 +293,11 @@ std::shared_ptr<Sock> find_sock(int fd) {
   return s;
 }
 
-void forget_sock(int kfd) {
-  // Called with the socket's own descriptor: drop every program descriptor naming it.
-  std::vector<std::shared_ptr<Sock>> gone;
-  {
-    std::lock_guard<std::mutex> lk(tab_mu);
-    for (auto it = tab->begin(); it != tab->end();) {
-      if (it->second->fd == kfd) {
-        if (it->first < kFast) {
-          fast[it->first].store(0, std::memory_order_release);
-          fast_gen[it->first].fetch_add(1, std::memory_order_acq_rel);
-          fast_sock[it->first].store(nullptr);
-        }
-        gone.push_back(std::move(it->second));
-        it = tab->erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto &s : gone) s->refs = 0;
+void forget_sock(Sock &s) {
+  if (!unmap_all(s)) return;  // another thread let go of it: it closed s.fd
+  multiplex_forget(s, true);
   // The kernel socket lives on in the program's descriptors.
-  if (!gone.empty()) {
-    multiplex_forget(*gone[0], true);
-    real().close(kfd);
-  }
+  real().close(s.fd);
 }
 
 void note_epoll_fd(int epfd, bool on) {
@@ -359,12 +372,14 @@ namespace {
 void fork_prepare() {
   multiplex_fork_lock(true);
   tab_mu.lock();
+  fast_fork_lock(true);
   flusher_fork_lock(true);
   auto_fork_lock(true);  // last: taken under sockets' locks only, and takes none
 }
 void fork_parent() {
   auto_fork_lock(false);
   flusher_fork_lock(false);
+  fast_fork_lock(false);
   tab_mu.unlock();
   multiplex_fork_lock(false);
   process_fork_parent();
@@ -372,6 +387,7 @@ void fork_parent() {
 void fork_child() {
   auto_fork_lock(false);
   flusher_fork_lock(false);
+  fast_fork_lock(false);
   tab_mu.unlock();
   multiplex_fork_lock(false);
   process_fork_child();
@@ -391,7 +407,7 @@ void leave_layer(Sock &s) {
   // Out of the epoll sets before the link goes (a scan looks at links without the lock).
   if (!stream_on_tcp(s)) return;
   multiplex_forget(s, true);
-  if (stream_leave(s)) forget_sock(s.fd);  // once: the descriptor may be reused after
+  if (stream_leave(s)) forget_sock(s);  // once: the descriptor may be reused after
 }
 
 namespace {
@@ -512,7 +528,7 @@ SDP_EXPORT int connect(int fd, const sockaddr *addr, socklen_t len) {
     s->reason = *s->reason ? s->reason : "nonblocking_connect";
     // The connection completes later, on TCP.
     write_stats(*s);
-    forget_sock(s->fd);
+    forget_sock(*s);
   } else {
     handshake_forget(*s);  // a failed connect may be retried: the socket stays a candidate
   }

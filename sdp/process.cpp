@@ -117,7 +117,7 @@ pid_t listener_pid = 0;
 void hand_back_sock(Sock &s) {
   multiplex_forget(s, true);  // before its link goes: an epoll scan may look at it
   stream_revert(s);
-  forget_sock(s.fd);
+  forget_sock(s);
 }
 
 void hand_back_listen() {

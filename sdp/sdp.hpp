@@ -292,6 +292,9 @@ struct Sock : std::enable_shared_from_this<Sock> {
   // carries the handshake, and says when the peer's process has gone.
   const int fd;
   int refs = 0;      // the program's descriptors naming this socket
+  // Let go of by the layer (handed back, left to TCP, closed): never named again, and its
+  // descriptor closed once, by whoever set this (under the table's lock).
+  bool forgotten = false;
   uint64_t ino = 0;  // the kernel socket's inode: how other processes name it
   pid_t owner = 0;   // the process that negotiated the link
   // A socket an ancestor may hold as an SDP connection (inherited across exec): the kernel
@@ -434,7 +437,7 @@ inline bool negotiating(const Sock &s) {
 
 // The fd table (interpose.cpp).
 std::shared_ptr<Sock> find_sock(int fd);
-void forget_sock(int fd);  // the socket stays on the kernel's TCP: the layer lets go of it
+void forget_sock(Sock &s);  // the socket stays on the kernel's TCP: the layer lets go of it
 // A connection the peer handed back to TCP leaves the layer once what came before is read.
 void leave_layer(Sock &s);
 void write_stats(Sock &s);
