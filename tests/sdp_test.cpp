@@ -2642,7 +2642,13 @@ TEST(Fork, ChildrenOfAConnectedProcessLeaveItAlone) {
 int reap_child(pid_t pid, int fork_no) {
   int status = 0;
   const auto end = Clock::now() + 5s;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 && errno != EINTR) {
+      ADD_FAILURE() << "waitpid(" << pid << "): " << strerror(errno);
+      return -1;
+    }
     if (Clock::now() > end) {
       ADD_FAILURE() << "child " << pid << " of fork " << fork_no << " hung:\n"
                     << stuck_process(pid);
@@ -2652,7 +2658,6 @@ int reap_child(pid_t pid, int fork_no) {
     }
     std::this_thread::sleep_for(1ms);
   }
-  return status;
 }
 
 // A process forks while another of its threads works on its sockets (dup and close take
@@ -2769,16 +2774,17 @@ TEST(Fork, HandBacksRacingDupAndCloseNeverCloseAnotherThreadsDescriptor) {
         for (int i = 0; i < kConns && !HasFailure(); ++i) {
           const int fd = client_conn(ch);
           std::atomic<bool> stop_dups{false};
+          std::atomic<int> bad_closes{0};
           std::thread dups([&] {
             while (!stop_dups.load(std::memory_order_relaxed)) {
               const int d = dup(fd);
-              if (d >= 0) close(d);
+              if (d >= 0 && close(d) != 0) ++bad_closes;  // closed under it by the layer
             }
           });
           const pid_t pid = fork();
-          ASSERT_GE(pid, 0);
           if (pid == 0) _exit(dup(fd) >= 0 ? 0 : 1);  // asks the parent for the connection
-          const int status = reap_child(pid, i);
+          const int status = pid > 0 ? reap_child(pid, i) : -1;
+          EXPECT_GT(pid, 0) << "fork: " << strerror(errno);
           EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
           // Handed back: the layer knows the descriptor no more, or as TCP.
           const auto on_sdp = [fd] {
@@ -2792,6 +2798,7 @@ TEST(Fork, HandBacksRacingDupAndCloseNeverCloseAnotherThreadsDescriptor) {
           stop_dups = true;
           dups.join();
           EXPECT_FALSE(on_sdp()) << "connection " << i << " was not handed back";
+          EXPECT_EQ(bad_closes.load(), 0) << "connection " << i;
           ch.signal();
           close(fd);
         }
