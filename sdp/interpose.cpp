@@ -284,6 +284,11 @@ void drop_inherited(const std::shared_ptr<Sock> &s) {
 
 }  // namespace
 
+bool sock_released(const Sock &s) {
+  std::lock_guard<std::mutex> lk(tab_mu);
+  return s.forgotten;
+}
+
 std::shared_ptr<Sock> find_sock(int fd) {
   std::shared_ptr<Sock> s = lookup(fd);
   if (s && (inherited(*s) || s->ask_ancestors)) {

@@ -291,7 +291,7 @@ struct Sock : std::enable_shared_from_this<Sock> {
   // program may dup and close its descriptors in any order. It gives addresses and options,
   // carries the handshake, and says when the peer's process has gone.
   const int fd;
-  int refs = 0;      // the program's descriptors naming this socket
+  int refs = 0;  // the program's descriptors naming this socket
   // Let go of by the layer (handed back, left to TCP, closed): never named again, and its
   // descriptor closed once, by whoever set this (under the table's lock).
   bool forgotten = false;
@@ -344,7 +344,8 @@ struct Sock : std::enable_shared_from_this<Sock> {
   std::atomic<bool> tx_tcp{false};
   std::string backlog;
   size_t backlog_off = 0;
-  uint64_t linger_until_ns = 0;  // closed with data the peer has not read: kept until then
+  uint64_t linger_until_ns = 0;   // closed with data the peer has not read: kept until then
+  bool linger_closed_fd = false;  // the lingering's end closed fd (under mu)
 
   // Receive side: the records the peer wrote into this side's ring.
   uint64_t rx_produced = 0;  // ring bytes announced by the peer's immediates
@@ -437,6 +438,8 @@ inline bool negotiating(const Sock &s) {
 
 // The fd table (interpose.cpp).
 std::shared_ptr<Sock> find_sock(int fd);
+// No program descriptor names s any more, nor will: the layer closes s.fd.
+bool sock_released(const Sock &s);
 void forget_sock(Sock &s);  // the socket stays on the kernel's TCP: the layer lets go of it
 // A connection the peer handed back to TCP leaves the layer once what came before is read.
 void leave_layer(Sock &s);

@@ -1934,10 +1934,22 @@ Flusher *flusher = nullptr;
 pid_t flusher_pid = 0;
 std::mutex flusher_start_mu;
 
+// Closes the layer's descriptor of a connection whose lingering is over, once, and only
+// when the program names the socket no more: a connection ended at exit is still in the
+// table, and the program's own close() later closes it (closed here too, that was twice).
+void linger_close_fd(Sock &s) {
+  if (s.linger_closed_fd || !sock_released(s)) return;
+  s.linger_closed_fd = true;
+  real().close(s.fd);
+}
+
 // One look at a lingering connection (s.mu held): acks, the peer's REVERT and the backlog
 // it brings. True when it is over: its link and descriptor are gone.
 bool linger_step(Sock &s) {
-  if (!s.link.qp) return true;
+  if (!s.link.qp) {  // ended meanwhile (a hand-back reverted it): the descriptor is ours yet
+    linger_close_fd(s);
+    return true;
+  }
   progress(s);
   if (s.tx_tcp) drain_backlog(s);
   check_peer(s);
@@ -1948,7 +1960,7 @@ bool linger_step(Sock &s) {
     logf("fd %d: closed before the peer read %llu ring bytes", s.fd,
          (unsigned long long)(s.tx_pos - s.peer_consumed));
   link_destroy(s.link);
-  real().close(s.fd);
+  linger_close_fd(s);
   s.linger_until_ns = 0;
   return true;
 }

@@ -1913,6 +1913,43 @@ TEST(Close, ExitWithoutCloseGivesEof) {
   close(fd);
 }
 
+// A connection ended at exit (the layer's exit handler sends the FIN and waits while the
+// peer reads what was sent), then closed by an exit handler of the program's that runs after
+// the layer's: the layer's descriptor is closed once. It was closed when the lingering ended
+// and again at the program's close(), by then a file the handler had just opened.
+int g_exit_fd = -1;
+void close_at_exit() {
+  int files[64];
+  for (int &f : files) f = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  close(g_exit_fd);
+  for (int f : files)
+    if (f < 0 || fcntl(f, F_GETFD) < 0) _exit(3);
+}
+
+TEST(Close, AnExitHandlerClosingAConnectionTheLayerEndedAtExitClosesNothingElse) {
+  use_private_fabric();  // the name CTest gives it is too long for a fabric's
+  Listener l;
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    atexit(close_at_exit);  // before the layer registers its own, which so runs first
+    g_exit_fd = dial(l.port);
+    settle_client(g_exit_fd);
+    send_pattern(g_exit_fd, 78, 0, 100000);
+    exit(0);
+  }
+  int fd = l.accept_one();
+  settle_server(fd);
+  std::this_thread::sleep_for(200ms);  // the client's exit lingers until this end reads
+  expect_pattern(fd, 78, 0, 100000);
+  expect_eof(fd);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << " (exit status 3: a file of the handler was closed under it)";
+  close(fd);
+}
+
 // close() returns at once in both orders: the first end to close, and the second once it
 // has read the first one's EOF (a TCP close never waits for the peer).
 // close_range over an SDP socket closes it as close() does (the peer reads everything, then
