@@ -2718,10 +2718,10 @@ TEST(Fork, ForksWhileAnotherThreadUsesTheLayerLeaveEachChildItsSocketCalls) {
           close(ep);
         });
         int hung = 0, failed = 0;
-        // 300 forks take 5 s here and over 80 s under ASan on a slow CI machine: past 20
-        // forks, the loop stops at 300 or at 30 s.
+        // 300 forks take 5 s here, 8 s under ASan; on a slow machine, past 20 forks, the loop
+        // stops at 30 s.
         const auto started = Clock::now(), stop_forking = started + 30s;
-        // Where the time goes, printed at the end (CI once took 88 s for what takes 8 here).
+        // Where the time goes, printed at the end (CI once took 88 s: a fork() that hung).
         Clock::duration slowest_fork{}, slowest_child{};
         int forks = 0, slow_children = 0;
         for (int i = 0; i < 300 && !hung && (i < 20 || Clock::now() < stop_forking); ++i) {
