@@ -130,6 +130,14 @@ void map_fd(int fd, const std::shared_ptr<Sock> &s) {
   }
 }
 
+// The small descriptor fd names no socket now (tab_mu held).
+void unmap_fast(int fd) {
+  if (fd >= kFast) return;
+  fast[fd].store(0, std::memory_order_release);
+  fast_gen[fd].fetch_add(1, std::memory_order_acq_rel);
+  set_fast_sock(fd, nullptr);
+}
+
 // Removes the program's descriptor; returns the socket if that was its last descriptor.
 std::shared_ptr<Sock> unmap_fd(int fd) {
   std::lock_guard<std::mutex> lk(tab_mu);
@@ -137,11 +145,7 @@ std::shared_ptr<Sock> unmap_fd(int fd) {
   if (it == tab->end()) return nullptr;
   std::shared_ptr<Sock> s = std::move(it->second);
   tab->erase(it);
-  if (fd < kFast) {
-    fast[fd].store(0, std::memory_order_release);
-    fast_gen[fd].fetch_add(1, std::memory_order_acq_rel);
-    set_fast_sock(fd, nullptr);
-  }
+  unmap_fast(fd);
   if (--s->refs != 0) return nullptr;
   s->forgotten = true;
   return s;
@@ -160,11 +164,7 @@ bool unmap_all(Sock &s) {
       ++it;
       continue;
     }
-    if (it->first < kFast) {
-      fast[it->first].store(0, std::memory_order_release);
-      fast_gen[it->first].fetch_add(1, std::memory_order_acq_rel);
-      set_fast_sock(it->first, nullptr);
-    }
+    unmap_fast(it->first);
     it = tab->erase(it);
   }
   s.refs = 0;
