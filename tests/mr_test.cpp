@@ -1,6 +1,8 @@
 // Protection domains and memory regions: registration, keys, re-registration.
 #include "verbs_helpers.hpp"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -312,6 +314,33 @@ TEST(MrFork, RegisteredMemoryIsNotSharedWithAForkedChild) {
 
 TEST(MrFork, MemoryOfADeregisteredMrIsNotSharedWithAForkedChild) {
   expect_child_writes_stay_private(true);
+}
+
+// A child that registers memory of its own (on a device it opened, after its parent had
+// registered some) gives its own children private copies too: the memory it moved is
+// told apart from its parent's by the child's own pid, not the one its parent knew.
+TEST(MrFork, MemoryAChildRegisteredIsNotSharedWithItsOwnChild) {
+  Node node;
+  std::vector<uint8_t> parents(8192, 0x11);
+  MrPtr parent_mr = reg_mr(node.pd.get(), parents.data(), parents.size(), kAllAccess);
+  two_process([](Channel &ch) { ch.wait(); },
+              [](Channel &ch) {
+                Node own;
+                std::vector<uint8_t> bytes(64 * 1024, 0x11);
+                MrPtr mr = reg_mr(own.pd.get(), bytes.data(), bytes.size(), kAllAccess);
+                std::fflush(nullptr);
+                const pid_t grandchild = fork();
+                ASSERT_GE(grandchild, 0) << std::strerror(errno);
+                if (grandchild == 0) {
+                  std::fill(bytes.begin(), bytes.end(), 0x22);
+                  _exit(0);
+                }
+                int status = 0;
+                ASSERT_EQ(grandchild, waitpid(grandchild, &status, 0));
+                EXPECT_TRUE(all_bytes_are(bytes, 0x11))
+                    << "the grandchild's writes reached the child";
+                ch.signal();
+              });
 }
 
 // Registers and deregisters a few MRs on ordinary heap memory (with heap

@@ -104,8 +104,16 @@ void fill_mr(GlueMr *g) {
 // With ibv_fork_init(), libibverbs marked the range MADV_DONTFORK before
 // calling us, so that children do not get registered memory; registration
 // may have moved the pages (fabric/emu), and a move does not keep that mark.
+// libibverbs asks the kernel (a netlink socket) at each ibv_is_fork_initialized(), ~2 us here;
+// the answer is fixed once any registration has passed ibv_dontfork_range (ibv_fork_init()
+// after that fails), as every one that reaches us has.
+bool fork_init_enabled() {
+  static const bool enabled = ibv_is_fork_initialized() == IBV_FORK_ENABLED;
+  return enabled;
+}
+
 void keep_from_children(void *addr, size_t length) {
-  if (length == 0 || ibv_is_fork_initialized() != IBV_FORK_ENABLED) return;
+  if (length == 0 || !fork_init_enabled()) return;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
   const uintptr_t b = (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);

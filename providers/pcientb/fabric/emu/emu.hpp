@@ -130,6 +130,9 @@ void own_chunk_name(char *out, size_t n, pid_t pid);
 void fork_prepare();
 void fork_parent();
 void fork_child();
+// This process's pid without a system call; valid in a child forked after join (the fork
+// handlers are installed then).
+pid_t own_pid();
 // peers.cpp
 class EmuFabric;
 
