@@ -532,9 +532,8 @@ void Node::progress_loop() {
       continue;
     }
     if (fds[0].revents) {
-      uint64_t v;
-      while (::read(wake_fd_, &v, sizeof v) > 0) {
-      }
+      uint64_t v;  // an eventfd: one read takes all wakes
+      (void)!::read(wake_fd_, &v, sizeof v);
     }
     if (fds[1].revents) {  // a peer asks for a link, sent a request or an answer
       fab_->clear_doorbell();

@@ -243,8 +243,10 @@ class EmuFabric final : public Fabric {
   Work work() const override { return work_done(); }
   int doorbell_fd() override { return bell_rfd_; }
   void clear_doorbell() override {
+    // A short read emptied the pipe: no second read to see EAGAIN (a ring after it
+    // leaves the pipe readable, as it would after that EAGAIN).
     char v[64];
-    while (syscall(SYS_read, bell_rfd_, v, sizeof v) > 0) {
+    while (syscall(SYS_read, bell_rfd_, v, sizeof v) == static_cast<long>(sizeof v)) {
     }
   }
 
