@@ -14,6 +14,11 @@ constexpr uint32_t kMaxRetries = 4;        // trials made again at once, in a ro
 // it was the first verdict: both paths are still warming up then (connections starting, the
 // peer's first registrations and page faults), and the first figures can be 2-8x off.
 constexpr double kHopeless = 4;
+// A trial that loses by less than this waits at most kNarrowMaxGap epochs for the next (the
+// paths are near their crossover, which moves with the machine's load); a wider loser, up to
+// kMaxGap (a trial of a path at half the speed every 64 epochs cost 0.8% of the bytes).
+constexpr double kNarrow = 1.5;
+constexpr uint32_t kNarrowMaxGap = 64;
 // The other path must be this much better to be taken instead of the one in use.
 constexpr double kStay = 1.05;
 
@@ -28,11 +33,13 @@ int AutoThreshold::size_bucket(size_t len) {
   return b;
 }
 
-// Of a socket's BCopy sends of 16-32 KiB 1 in 4, 32-128 KiB 1 in 2, larger every one: the
-// bookkeeping stays under 1% of the sends' time, and the samples many (a sample's weight may
-// include sends that completed before the epoch's timed part).
+// Of a socket's BCopy sends of 16-32 KiB 1 in 8, 32-128 KiB 1 in 4, 128-512 KiB 1 in 2, larger
+// every one: the bookkeeping stays near 0.2% of the sends' time (at 1 in 4 and 2 it cost auto
+// ~0.5% against BCopy at 16-256 KiB in sdp-bench), and the samples many: an epoch of 16 KiB
+// sends by 8 sockets has some 400 (a sample's weight may include sends that completed before
+// the epoch's timed part).
 uint32_t AutoThreshold::sample_every(int size) {
-  return size == 0 ? 4 : size <= 2 ? 2 : 1;
+  return size == 0 ? 8 : size <= 2 ? 4 : size <= 4 ? 2 : 1;
 }
 
 uint32_t AutoThreshold::measures(size_t len, uint64_t socket_epoch, uint32_t &unmeasured,
@@ -98,9 +105,10 @@ void AutoThreshold::close_epoch(Cell &c, int size, bool idle) {
       // 1.1-1.3x, one every 4 epochs cost 2-4% of the bytes (sdp-bench, auto at 1 MiB).
       if (c.trial) {
         const double r = std::max(b, z) / std::min(b, z);
-        e.gap = !e.decided      ? kMinGap  // the first verdict is checked soon
-                : r > kHopeless ? kMaxGap
-                                : std::min(std::max(e.gap, kMinGap) * 2, kMaxGap);
+        e.gap = !e.decided ? kMinGap  // the first verdict is checked soon
+                : r > kHopeless
+                    ? kMaxGap
+                    : std::min(std::max(e.gap, kMinGap) * 2, r < kNarrow ? kNarrowMaxGap : kMaxGap);
       }
       if (e.decided && best != e.zcopy && !e.challenged) {
         e.challenged = true;

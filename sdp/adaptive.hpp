@@ -10,23 +10,23 @@
 // epochs per size class: in an epoch every socket of the process sends that size by one
 // path, and the epoch's figure is the bytes all of them completed per second (after a
 // settling part: the other path's leftovers in the rings). The better path is used; the
-// other gets an epoch again after a number of epochs that doubles while it keeps losing
-// (at once the most, 1 in 64, when it lost by 4x or more), so that a change of
-// conditions is seen and a loser costs little; it takes over when it wins two such trials in
-// a row. Each size class warms up each path first (registration caches, page faults: BCopy
-// until each socket that sent went round its ring once), and keeps estimates per number of
-// sockets that sent in an epoch (1, 2, 3-4, 5+): those that completed a send in it, or as
-// many as were in a send at once, if more (a socket whose send outlasts the epoch sends too:
-// counting only the completions filed an epoch of 8 sockets after a slow one under 3-4, and
-// the path that had been slow kept a stale figure for 5+ for ever).
+// other gets an epoch again after a number of epochs that doubles while it keeps losing, up
+// to 64 (0.64 s) when it lost by less than 1.5x and 256 (2.56 s) otherwise (at once, when it
+// lost by 4x or more), so that a change of conditions is seen and a loser costs little; it
+// takes over when it wins two such trials in a row. Each size class warms up each path first
+// (registration caches, page faults: BCopy until each socket that sent went round its ring once),
+// and keeps estimates per number of sockets that sent in an epoch (1, 2, 3-4, 5+): those that
+// completed a send in it, or as many as were in a send at once, if more (a socket whose send
+// outlasts the epoch sends too: counting only the completions filed an epoch of 8 sockets after a
+// slow one under 3-4, and the path that had been slow kept a stale figure for 5+ for ever).
 //
 // A measured send costs 65-70 ns here (two clock reads, three locks): 1.6% of a 64 KiB BCopy
 // send, 4% of a 16 KiB one. So in a BCopy epoch a socket measures its first send and then
-// one in sample_every() (1 in 4 at 16 KiB, 1 in 2 up to 128 KiB); the others take the path
-// in use (measures(): no lock, no clock), and a measured send stands for itself and them.
-// Every ZCopy send is measured. A trial of a path that lost by 4x or more lasts half an
-// epoch: it only has to show that the path still loses (ZCopy of 16-256 KiB is 3-40x slower than
-// BCopy here).
+// one in sample_every() (1 in 8 at 16 KiB, 1 in 4 up to 128 KiB, 1 in 2 up to 512 KiB); the
+// others take the path in use (measures(): no lock, no clock), and a measured send stands for
+// itself and them. Every ZCopy send is measured. A trial of a path that lost by 4x or more
+// lasts half an epoch: it only has to show that the path still loses (ZCopy of 16-256 KiB is
+// 3-40x slower than BCopy here).
 //
 // This file knows no socket: the caller gives the time and what it knows of the socket, so
 // tests drive it with a clock of their own (tests/auto_threshold_test.cpp).
@@ -73,7 +73,7 @@ class AutoThreshold {
   void fork_lock(bool lock) { lock ? mu_.lock() : mu_.unlock(); }
 
   static constexpr uint64_t kEpochNs = 10'000'000;
-  static constexpr uint32_t kMaxGap = 64;  // epochs between trials of a path, at most
+  static constexpr uint32_t kMaxGap = 256;  // epochs between trials of a path, at most
 
  private:
   static constexpr int kConnBuckets = 4;   // 1, 2, 3-4, 5 or more connections sending

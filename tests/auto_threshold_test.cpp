@@ -144,28 +144,45 @@ TEST(AutoThreshold, APathThatLosesHopelesslyIsTriedAgainOnlyAfterTheLongestGap) 
 }
 
 // Near the crossover the paths are within 1.1-1.3x; a trial of the slower costs (1 - 1/r) of
-// an epoch, and one every 4 epochs cost 2-4% of the bytes. Each lost trial doubles the gap.
+// an epoch, and one every 4 epochs cost 2-4% of the bytes. Each lost trial doubles the gap,
+// up to 64 epochs (the crossover moves with the machine's load: it is looked at again soon).
 TEST(AutoThreshold, ATrialThatLosesNarrowlyWaitsLongerEachTime) {
   Sim sim(1 << 20, [](bool zcopy, bool, uint64_t) { return share(zcopy ? 5.0 : 6.0, 2); });
   sim.add_sockets(2);
-  const Tally t = sim.run(0, 300 * AutoThreshold::kEpochNs);
-  // Warm-up, measurement, then trials after 4, 8, 16, 32, 64, 64, 64 and 64 epochs at most.
-  EXPECT_LE(t.zcopy_epochs.size(), 10u) << ::testing::PrintToString(t.zcopy_epochs);
+  const Tally t = sim.run(0, 600 * AutoThreshold::kEpochNs);
+  // Warm-up, measurement, then trials after 4, 8, 16, 32 and 64 epochs, then every 64.
+  EXPECT_LE(t.zcopy_epochs.size(), 15u) << ::testing::PrintToString(t.zcopy_epochs);
+  EXPECT_GE(t.zcopy_epochs.size(), 12u) << ::testing::PrintToString(t.zcopy_epochs);
   EXPECT_LT(t.zcopy_share(), 0.05);
+}
+
+// A path at half the other's speed costs half an epoch's bytes at each trial: its trials
+// come up to 256 epochs apart (every 64 cost 0.8% of the bytes at 4 MiB, where BCopy ran at
+// 0.5-0.7x ZCopy's speed in sdp-bench, the other way round).
+TEST(AutoThreshold, ATrialThatLosesWidelyWaitsUpToTheLongestGap) {
+  Sim sim(4 << 20, [](bool zcopy, bool, uint64_t) { return share(zcopy ? 4.0 : 8.0, 4); });
+  sim.add_sockets(4);
+  sim.run(0, 300 * AutoThreshold::kEpochNs);  // past the gaps of 4, 8, 16, 32, 64 and 128
+  const Tally t = sim.run(300 * AutoThreshold::kEpochNs,
+                          (300 + 2 * AutoThreshold::kMaxGap) * AutoThreshold::kEpochNs);
+  EXPECT_LE(t.zcopy_epochs.size(), 3u) << ::testing::PrintToString(t.zcopy_epochs);
+  EXPECT_GE(t.zcopy_epochs.size(), 1u) << "the losing path is never tried again";
 }
 
 // When the faster path becomes the slower, the other takes over within the longest gap and
 // its two trials.
 TEST(AutoThreshold, FollowsAChangeOfTheFasterPath) {
+  constexpr uint64_t kChange = 4000 * kMs;
+  constexpr uint64_t kTakeOver = (AutoThreshold::kMaxGap + 10) * AutoThreshold::kEpochNs;
   Sim sim(1 << 20, [](bool zcopy, bool, uint64_t now) {
-    const bool zcopy_faster = now < 2000 * kMs;
+    const bool zcopy_faster = now < kChange;
     return share(zcopy == zcopy_faster ? 9.0 : 5.0, 4);
   });
   sim.add_sockets(4);
   sim.run(0, 500 * kMs);
-  EXPECT_GT(sim.run(500 * kMs, 2000 * kMs).zcopy_share(), 0.9);
-  sim.run(2000 * kMs, 3000 * kMs);
-  EXPECT_LT(sim.run(3000 * kMs, 4000 * kMs).zcopy_share(), 0.1);
+  EXPECT_GT(sim.run(500 * kMs, kChange).zcopy_share(), 0.9);
+  sim.run(kChange, kChange + kTakeOver);
+  EXPECT_LT(sim.run(kChange + kTakeOver, kChange + kTakeOver + 1000 * kMs).zcopy_share(), 0.1);
 }
 
 // Sockets that join while ZCopy is chosen lap their rings in BCopy's trials only. A trial that
@@ -179,11 +196,13 @@ TEST(AutoThreshold, ATrialThatOnlyWarmedUpNewSocketsIsMadeAgainAtOnce) {
   sim.add_sockets(5);  // 5 or more: the same estimates (a new count would measure anew)
   sim.run(0, 1000 * kMs);
   sim.add_sockets(3);
-  sim.run(1000 * kMs, 1700 * kMs);
-  EXPECT_LT(sim.run(1700 * kMs, 2000 * kMs).zcopy_share(), 0.1);
+  // Within the longest gap (BCopy lost hopelessly) and its few trials made again at once.
+  constexpr uint64_t kSeen = 1000 * kMs + (AutoThreshold::kMaxGap + 30) * AutoThreshold::kEpochNs;
+  sim.run(1000 * kMs, kSeen);
+  EXPECT_LT(sim.run(kSeen, kSeen + 300 * kMs).zcopy_share(), 0.1);
 }
 
-// Sends of 16-32 KiB are measured one in four (the bookkeeping cost 9% of such a send); the
+// Sends of 16-32 KiB are measured one in eight (the bookkeeping cost 9% of such a send); the
 // others take the path of the running epoch, so the choice holds for all of them.
 TEST(AutoThreshold, SendsThatAreNotMeasuredTakeTheChosenPath) {
   for (const bool zcopy_faster : {true, false}) {
@@ -200,11 +219,12 @@ TEST(AutoThreshold, SendsThatAreNotMeasuredTakeTheChosenPath) {
   }
 }
 
-// After its first send of an epoch, a socket measures 1 in 4 sends of 16-32 KiB, 1 in 2 up to
-// 128 KiB, and every larger one.
+// After its first send of an epoch, a socket measures 1 in 8 sends of 16-32 KiB, 1 in 4 up to
+// 128 KiB, 1 in 2 up to 512 KiB, and every larger one.
 TEST(AutoThreshold, SmallSendsAreMeasuredOneInAFew) {
-  for (const auto &[len, every] : {std::pair{size_t{16} << 10, 4}, std::pair{size_t{100} << 10, 2},
-                                   std::pair{size_t{256} << 10, 1}}) {
+  for (const auto &[len, every] :
+       {std::pair{size_t{16} << 10, 8}, std::pair{size_t{100} << 10, 4},
+        std::pair{size_t{256} << 10, 2}, std::pair{size_t{1} << 20, 1}}) {
     AutoThreshold at;
     const AutoThreshold::Send first = at.begin(len, 0);
     at.end(first);
