@@ -16,7 +16,9 @@ constexpr uint32_t kMaxRetries = 4;        // trials made again at once, in a ro
 constexpr double kHopeless = 4;
 // A trial that loses by less than this waits at most kNarrowMaxGap epochs for the next (the
 // paths are near their crossover, which moves with the machine's load); a wider loser, up to
-// kMaxGap (a trial of a path at half the speed every 64 epochs cost 0.8% of the bytes).
+// half the epochs the choice has held, within kNarrowMaxGap..kMaxGap (a trial of a path at
+// half the speed every 64 epochs cost 0.8% of the bytes; but a choice made while the other
+// path was held back, at the start of 4 connections, kept ZCopy for the longest gap at once).
 constexpr double kNarrow = 1.5;
 constexpr uint32_t kNarrowMaxGap = 64;
 // The other path must be this much better to be taken instead of the one in use.
@@ -105,10 +107,11 @@ void AutoThreshold::close_epoch(Cell &c, int size, bool idle) {
       // 1.1-1.3x, one every 4 epochs cost 2-4% of the bytes (sdp-bench, auto at 1 MiB).
       if (c.trial) {
         const double r = std::max(b, z) / std::min(b, z);
-        e.gap = !e.decided ? kMinGap  // the first verdict is checked soon
-                : r > kHopeless
-                    ? kMaxGap
-                    : std::min(std::max(e.gap, kMinGap) * 2, r < kNarrow ? kNarrowMaxGap : kMaxGap);
+        const uint32_t cap =
+            r < kNarrow ? kNarrowMaxGap : std::clamp(e.in_use / 2, kNarrowMaxGap, kMaxGap);
+        e.gap = !e.decided      ? kMinGap  // the first verdict is checked soon
+                : r > kHopeless ? cap
+                                : std::min(std::max(e.gap, kMinGap) * 2, cap);
       }
       if (e.decided && best != e.zcopy && !e.challenged) {
         e.challenged = true;
@@ -119,6 +122,7 @@ void AutoThreshold::close_epoch(Cell &c, int size, bool idle) {
       }
       const bool changed = !e.decided || best != e.zcopy;
       if (e.decided && changed) e.gap = kMinGap;  // a change of mind is checked again soon
+      if (changed) e.in_use = 0;
       e.decided = true;
       e.zcopy = best;
       static const char *const conn_label[kConnBuckets] = {"1", "2", "3-4", "5+"};
@@ -139,11 +143,12 @@ void AutoThreshold::open_epoch(Cell &c, uint64_t now) {
   } else {
     c.trial = ++e.since >= e.gap;
     if (c.trial) e.since = 0;
+    ++e.in_use;
     c.zcopy = c.trial ? !e.zcopy : e.zcopy;
   }
   // A trial of a path that lost hopelessly (after the first verdict's second look) is short.
   const double lost = e.rate[c.zcopy] == 0 ? 0 : e.rate[!c.zcopy] / e.rate[c.zcopy];
-  c.short_trial = c.trial && e.gap == kMaxGap && lost > kHopeless;
+  c.short_trial = c.trial && e.gap >= kNarrowMaxGap && lost > kHopeless;
   c.epoch = ++epochs_;
   c.running.store(c.epoch << 1 | uint64_t(c.zcopy), std::memory_order_relaxed);
   c.start_ns = c.active_ns = now;

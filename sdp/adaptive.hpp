@@ -11,14 +11,15 @@
 // path, and the epoch's figure is the bytes all of them completed per second (after a
 // settling part: the other path's leftovers in the rings). The better path is used; the
 // other gets an epoch again after a number of epochs that doubles while it keeps losing, up
-// to 64 (0.64 s) when it lost by less than 1.5x and 256 (2.56 s) otherwise (at once, when it
-// lost by 4x or more), so that a change of conditions is seen and a loser costs little; it
-// takes over when it wins two such trials in a row. Each size class warms up each path first
-// (registration caches, page faults: BCopy until each socket that sent went round its ring once),
-// and keeps estimates per number of sockets that sent in an epoch (1, 2, 3-4, 5+): those that
-// completed a send in it, or as many as were in a send at once, if more (a socket whose send
-// outlasts the epoch sends too: counting only the completions filed an epoch of 8 sockets after a
-// slow one under 3-4, and the path that had been slow kept a stale figure for 5+ for ever).
+// to 64 (0.64 s) when it lost by less than 1.5x, otherwise up to half the epochs the choice
+// has held, within 64-256 (at once, when it lost by 4x or more), so that a change of
+// conditions is seen, a choice made while a path was held back is undone soon, and a loser
+// costs little; it takes over when it wins two such trials in a row. Each size class warms up each
+// path first (registration caches, page faults: BCopy until each socket that sent went round its
+// ring once), and keeps estimates per number of sockets that sent in an epoch (1, 2, 3-4, 5+):
+// those that completed a send in it, or as many as were in a send at once, if more (a socket whose
+// send outlasts the epoch sends too: counting only the completions filed an epoch of 8 sockets
+// after a slow one under 3-4, and the path that had been slow kept a stale figure for 5+ for ever).
 //
 // A measured send costs 65-70 ns here (two clock reads, three locks): 1.6% of a 64 KiB BCopy
 // send, 4% of a 16 KiB one. So in a BCopy epoch a socket measures its first send and then
@@ -84,6 +85,7 @@ class AutoThreshold {
     double rate[2] = {0, 0};  // bytes per ns of BCopy and ZCopy epochs (0: none yet)
     uint32_t gap = kMinGap;   // epochs of the better path before the other is tried again
     uint32_t since = 0;       // epochs since the last trial
+    uint32_t in_use = 0;      // epochs since the better path was chosen
     uint32_t retries = 0;     // trials made again at once since the last figure
     bool decided = false;     // both measured (the choice was logged)
     bool challenged = false;  // the other path won its last trial: one more decides
