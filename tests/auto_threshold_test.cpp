@@ -165,9 +165,10 @@ TEST(AutoThreshold, ATrialThatLosesNarrowlyWaitsLongerEachTime) {
 TEST(AutoThreshold, ATrialThatLosesWidelyWaitsUpToTheLongestGap) {
   Sim sim(4 << 20, [](bool zcopy, bool, uint64_t) { return share(zcopy ? 4.0 : 8.0, 4); });
   sim.add_sockets(4);
-  sim.run(0, 300 * AutoThreshold::kEpochNs);  // past the gaps of 4, 8, 16, 32, 64 and 128
-  const Tally t = sim.run(300 * AutoThreshold::kEpochNs,
-                          (300 + 2 * AutoThreshold::kMaxGap) * AutoThreshold::kEpochNs);
+  // Gaps of 8, 16, 32, 64, 64, then half the epochs the choice has held: 94, 141, 211, 256.
+  sim.run(0, 700 * AutoThreshold::kEpochNs);
+  const Tally t = sim.run(700 * AutoThreshold::kEpochNs,
+                          (700 + 2 * AutoThreshold::kMaxGap) * AutoThreshold::kEpochNs);
   EXPECT_LE(t.zcopy_epochs.size(), 3u) << ::testing::PrintToString(t.zcopy_epochs);
   EXPECT_GE(t.zcopy_epochs.size(), 1u) << "the losing path is never tried again";
 }
@@ -216,8 +217,8 @@ TEST(AutoThreshold, ATrialThatOnlyWarmedUpNewSocketsIsMadeAgainAtOnce) {
   sim.add_sockets(5);  // 5 or more: the same estimates (a new count would measure anew)
   sim.run(0, 1000 * kMs);
   sim.add_sockets(3);
-  // Within the longest gap (BCopy lost hopelessly) and its few trials made again at once.
-  constexpr uint64_t kSeen = 1000 * kMs + (AutoThreshold::kMaxGap + 30) * AutoThreshold::kEpochNs;
+  // Within the gap of a choice that held for 100 epochs (64) and a few trials made again.
+  constexpr uint64_t kSeen = 1000 * kMs + 100 * AutoThreshold::kEpochNs;
   sim.run(1000 * kMs, kSeen);
   EXPECT_LT(sim.run(kSeen, kSeen + 300 * kMs).zcopy_share(), 0.1);
 }

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -106,10 +107,13 @@ void fill_mr(GlueMr *g) {
 // may have moved the pages (fabric/emu), and a move does not keep that mark.
 // libibverbs asks the kernel (a netlink socket) at each ibv_is_fork_initialized(), ~2 us here;
 // the answer is fixed once any registration has passed ibv_dontfork_range (ibv_fork_init()
-// after that fails), as every one that reaches us has.
+// after that fails), as every one that reaches us has. An atomic, not a guarded static: a
+// fork() during another thread's first look would leave the child waiting on the guard.
 bool fork_init_enabled() {
-  static const bool enabled = ibv_is_fork_initialized() == IBV_FORK_ENABLED;
-  return enabled;
+  static std::atomic<int> enabled{-1};
+  int e = enabled.load(std::memory_order_relaxed);
+  if (e < 0) enabled.store(e = ibv_is_fork_initialized() == IBV_FORK_ENABLED);
+  return e != 0;
 }
 
 void keep_from_children(void *addr, size_t length) {

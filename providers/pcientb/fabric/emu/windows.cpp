@@ -114,7 +114,7 @@ void fork_copy(uintptr_t lo, uintptr_t hi) {
 void fork_prepare() {
   n_fork_copies = 0;
   char mine[64] = "/memfd:";
-  own_chunk_name(mine + 7, sizeof mine - 7, getpid());
+  own_chunk_name(mine + 7, sizeof mine - 7, own_pid());  // the pid the chunks were named with
   size_t mine_len = strlen(mine);
   // smaps: a header line per mapping, then its fields, "VmFlags:" last.
   int fd = open("/proc/self/smaps", O_RDONLY | O_CLOEXEC);
