@@ -323,7 +323,9 @@ TEST(MrFork, MemoryAChildRegisteredIsNotSharedWithItsOwnChild) {
   Node node;
   std::vector<uint8_t> parents(8192, 0x11);
   MrPtr parent_mr = reg_mr(node.pd.get(), parents.data(), parents.size(), kAllAccess);
-  two_process([](Channel &ch) { ch.wait(); },
+  // Under valgrind the child's device, fork and exit take longer than a channel's 20 s: the
+  // parent waits as long as the test's deadline lets it.
+  two_process([](Channel &ch) { ch.wait(std::chrono::minutes(5)); },
               [](Channel &ch) {
                 Node own;
                 std::vector<uint8_t> bytes(64 * 1024, 0x11);
