@@ -296,6 +296,7 @@ class EmuFabric final : public Fabric {
   pid_t pagemap_pid_ = 0;
   uint32_t next_window_ = 1;
   uint32_t next_chunk_ = 1;
+  dev_t chunk_dev_ = 0;  // the file system of every memfd (shmem's)
 };
 
 }  // namespace pcientb::fabric::emu
