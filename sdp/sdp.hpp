@@ -336,7 +336,6 @@ struct Sock : std::enable_shared_from_this<Sock> {
   uint64_t peer_zc_done = 0;
   uint64_t src_seq = 0;     // SrcAvail advertisements sent
   uint64_t zc_waiting = 0;  // the one whose send() waits for the peer to read it (0: none)
-  uint64_t zc_last_ns = 0;  // how long the last of them waited for its sink
   uint32_t unsignaled = 0;  // posts since the last signaled one
   uint32_t sq_used = 0;     // posted and not known complete
   bool fin_sent = false;

@@ -48,6 +48,7 @@
 
 #include "bulk_copy.hpp"
 #include "sdp.hpp"
+#include "spin.hpp"
 
 namespace sdp {
 
@@ -568,11 +569,13 @@ bool tx_ready(const Sock &s, uint64_t bytes) {
 }
 
 // Waits, with s.mu held through `lk` (released while sleeping), until ready() or the
-// connection breaks. Busy-polls for spin_us first (spin_ns when longer). Returns 0; EINTR when a
+// connection breaks. Busy-polls for spin_us first (spin_ns when longer); `record`, if given,
+// learns whether the wait slept after that, and whether it timed out. Returns 0; EINTR when a
 // signal came (and the call does not restart); EAGAIN when timeout_ns (> 0) passed; EBADF when
 // another thread closed the socket meanwhile (or it went back to TCP: the caller looks at s.state).
 template <class Ready>
-int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint64_t spin_ns = 0) {
+int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint64_t spin_ns = 0,
+               SleepRecord *record = nullptr) {
   if (!s.link.qp) return EBADF;
   flush(s);
   const uint64_t start = now_ns();
@@ -595,6 +598,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint6
     lk.lock();
     if (!s.link.qp) return EBADF;
   }
+  if (record) record->sleeping(int64_t(spin_end));
   // A group's CQ wakes its sleepers for every link's completions. A sleeper woken for
   // other links only sleeps unarmed for a while (64 us, doubling to 1 ms): the threads
   // using those links take this socket's completions too and kick it, and arming again
@@ -634,6 +638,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint6
       int64_t left = int64_t(start) + timeout_ns - int64_t(now_ns());
       if (left <= 0) {
         --s.sleepers;
+        if (record) record->timed_out = true;
         return EAGAIN;
       }
       wait_ns = std::min(wait_ns, left);
@@ -669,6 +674,15 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint6
       unarmed_ns = 0, arm = true;  // this socket's own completions came
     }
   }
+}
+
+// wait_until, busy-polling for the thread's spin window first (spin.hpp), which learns from
+// how the wait ended: for the waits that follow a peer's pace (data of a stream, a zero-copy
+// send's sink copying), where a sleep just before the event costs its wake.
+template <class Ready>
+int wait_adaptive(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
+  SleepRecord record;
+  return wait_until(s, lk, ready, timeout_ns, uint64_t(t_spin.ns()), &record);
 }
 
 // A cursor over an iovec array.
@@ -880,37 +894,6 @@ bool peer_src_at_head(const Sock &s) {
   return r && r->type == kSrcAvail && r->arg > s.skip_src_upto;
 }
 
-// A zero-copy send waits while the sink copies (~110 us for 4 MiB here), and a sleep with
-// its wake costs 50-90 us on these VMs. While this process has a spare CPU for it (no more
-// zero-copy senders waiting than half the CPUs, each one's sink copying on another, for
-// 10 ms), a sender spins through the copy: as long as the socket's last one took and half
-// again, up to 0.5 ms.
-class ZcopyWaiter {
- public:
-  explicit ZcopyWaiter(const Sock &s) : last_ns_(s.zc_last_ns) {
-    static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (2 * (waiting().fetch_add(1) + 1) > cpus) crowded_at().store(now_ns());
-  }
-  ~ZcopyWaiter() { waiting().fetch_sub(1); }
-  ZcopyWaiter(const ZcopyWaiter &) = delete;
-  ZcopyWaiter &operator=(const ZcopyWaiter &) = delete;
-  uint64_t spin_ns() const {
-    if (now_ns() - crowded_at().load() < 10000000) return 0;
-    return std::min<uint64_t>(last_ns_ + last_ns_ / 2, 500000);
-  }
-
- private:
-  static std::atomic<int> &waiting() {
-    static std::atomic<int> n{0};
-    return n;
-  }
-  static std::atomic<uint64_t> &crowded_at() {
-    static std::atomic<uint64_t> t{0};
-    return t;
-  }
-  const uint64_t last_ns_;
-};
-
 // Read ZCopy, source side: advertise the buffer, wait until the sink has read it. The wait
 // is cancelled (SrcAvailCancel) by a signal, and when the peer is itself blocked sending
 // zero copy to this side (both would wait for ever): the rest then goes BCopy.
@@ -932,15 +915,11 @@ ssize_t zcopy_send(Sock &s, SockLock &lk, void *buf, size_t len, int flags, bool
   size_t done = 0;
   if (posted) {
     s.zc_waiting = seq;
-    const uint64_t posted_at = now_ns();
-    const uint64_t patience = posted_at + 1000000;  // 1 ms before suspecting a deadlock
-    ZcopyWaiter waiter(s);
-    err = wait_until(
-        s, lk,
-        [&] { return s.peer_zc_done >= seq || (peer_src_at_head(s) && now_ns() > patience); }, 0,
-        waiter.spin_ns());
+    const uint64_t patience = now_ns() + 1000000;  // 1 ms before suspecting a deadlock
+    err = wait_adaptive(s, lk, [&] {
+      return s.peer_zc_done >= seq || (peer_src_at_head(s) && now_ns() > patience);
+    });
     if (s.peer_zc_done >= seq) {
-      s.zc_last_ns = now_ns() - posted_at;
       done = len;
     } else if (!s.error && s.link.qp) {
       // The sink must stop reading before the buffer goes back to the program.
@@ -1471,28 +1450,35 @@ struct RecvMr {
   ~RecvMr() { hold(nullptr); }
 };
 
-// A blocking recv with nothing to deliver: waits as wait_until does, and once the spin is
+// A blocking recv with nothing to deliver: waits as wait_adaptive does, and once the spin is
 // over (data that comes within it is on its way already), offers its buffer (the part `cur`
 // points at) to the peer's sends. *placed: the bytes the peer wrote there. The offer's
 // registration is left in `keep` (the READ of a SrcAvail that came instead uses it).
 int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep) {
   auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
-  const int64_t spin = int64_t(config().spin_us) * 1000;
+  // The spin is the thread's window, which learns from this wait as from wait_adaptive's.
+  const int64_t spin = t_spin.ns();
+  SleepRecord record;
+  auto ended = [&](int e) {
+    record.timed_out = e == EAGAIN;
+    return e;
+  };
   if (spin > 0) {
     const bool user_first = timeout > 0 && timeout <= spin;
-    int e = wait_until(s, lk, arrived, user_first ? timeout : spin);
-    if (e != EAGAIN || user_first) return e;
+    int e = wait_until(s, lk, arrived, user_first ? timeout : spin, uint64_t(spin));
+    if (e != EAGAIN || user_first) return ended(e);
     if (timeout > 0) timeout -= spin;
   }
+  record.sleeping(int64_t(now_ns()));
   keep.hold(nullptr);  // an earlier offer's: not through a wait of unbounded length
-  if (!sink_may_offer(s, cur, false)) return wait_until(s, lk, arrived, timeout);
+  if (!sink_may_offer(s, cur, false)) return ended(wait_until(s, lk, arrived, timeout));
   // Registering moves pages on the emulated fabric: an offer of a huge buffer is cut (the
   // rest of a MSG_WAITALL receive is offered again after the first part).
   constexpr size_t kSinkMax = 8 << 20;
   const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), kSinkMax));
   ibv_mr *mr = reg_user(cur.ptr(), len);
-  if (!mr) return wait_until(s, lk, arrived, timeout);
+  if (!mr) return ended(wait_until(s, lk, arrived, timeout));
   ++s.stats.registrations;
   ++s.stats.sink_avails;
   const uint64_t seq = ++s.sink_made;
@@ -1500,7 +1486,7 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
   s.sink = {seq, reinterpret_cast<uintptr_t>(cur.ptr()), s.rx_produced, mr->rkey, len};
   s.ack_wanted = true;
   send_ack(s);
-  int e = wait_until(s, lk, arrived, timeout);
+  int e = ended(wait_until(s, lk, arrived, timeout));
   *placed = sink_resolve(s, lk, seq);
   keep.hold(mr);
   return *placed ? 0 : e;
@@ -1599,7 +1585,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
       e = sink_wait(s, lk, cur, &placed, held);
     } else {
       held.hold(nullptr);  // not through a wait of unbounded length
-      e = wait_until(
+      e = wait_adaptive(
           s, lk, [&] { return rx_takeable(s) || s.rd_shut || s.peer_fin; }, s.rcv_timeo_ns);
     }
     cur.advance(placed);

@@ -887,6 +887,57 @@ TEST(Stream, AnIdleBlockedReceiveSleepsOnBesideABusyConnection) {
       within(60s));
 }
 
+// A blocking recv whose data comes a little after its spin would end (a message every 150 us
+// against the 50 us PCIENTB_SDP_SPIN_US, as a zero-copy send waits ~110 us for its sink's
+// copy of 4 MiB) learns to spin through the gaps instead of sleeping for each message (a
+// sleep and its wake cost 50-90 us here); idle, its waits spin little again.
+TEST(Stream, ABlockingReceiveSpinsThroughShortGapsAndLittleWhenIdle) {
+  constexpr int kMessages = 2000;
+  constexpr auto kGap = std::chrono::microseconds(150);
+  two_process(
+      [&](Channel &ch) {
+        int fd = client_conn(ch);
+        ch.wait();
+        auto next = Clock::now();
+        for (int i = 0; i < kMessages; ++i) {
+          next += kGap;
+          while (Clock::now() < next) {
+          }
+          send_all(fd, "x", 1);
+        }
+        ch.wait();
+        close(fd);
+      },
+      [&](Channel &ch) {
+        int fd = server_conn(ch);
+        const pid_t tid = gettid();
+        char buf[256];
+        const uint64_t before = sleeps_of(tid);
+        ch.signal();
+        for (int got = 0; got < kMessages;) {
+          ssize_t k = recv(fd, buf, sizeof buf, 0);
+          ASSERT_GT(k, 0) << strerror(errno);
+          got += int(k);
+        }
+        const uint64_t sleeps = sleeps_of(tid) - before;
+        EXPECT_LE(sleeps, uint64_t(kMessages / 4)) << "the receive slept for most of " << kMessages
+                                                   << " messages " << kGap.count() << " us apart";
+        // Idle: recv with a 1 ms SO_RCVTIMEO in a loop for 300 ms.
+        timeval tv{0, 1000};
+        ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+        timespec c0, c1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+        for (const auto start = Clock::now(); Clock::now() - start < 300ms;)
+          EXPECT_EQ(recv(fd, buf, sizeof buf, 0), -1);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        const double cpu = (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) / 1e6;
+        EXPECT_LE(cpu, 300 * 0.15) << "an idle loop of 1 ms receives kept spinning";
+        ch.signal();
+        close(fd);
+      },
+      within(60s));
+}
+
 // ---- 2. O_NONBLOCK and MSG_DONTWAIT --------------------------------------------------------
 
 TEST(NonBlocking, RecvEagainWhenEmpty) {
