@@ -105,6 +105,29 @@ TEST(MrCache, MemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
               });
 }
 
+// Shared memory mapped there instead: its pages are present and shared like the chunk's
+// that the old registration moved there (pagemap cannot tell them apart), and a
+// registration must still reach them.
+TEST(MrCache, SharedMemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
+  two_process([](Channel &ch) { read_then_write(ch, 0x55); },
+              [](Channel &ch) {
+                RcEnd b;
+                b.connect(ch);
+                uint8_t *mem = map_anon(kLen);
+                std::memset(mem, 0x11, kLen);
+                reg_mr(b.node.pd.get(), mem, kLen, kAllAccess).reset();
+                ASSERT_EQ(0, munmap(mem, kLen));
+                void *p = mmap(mem, kLen, PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+                ASSERT_EQ(p, static_cast<void *>(mem));
+                std::memset(mem, 0x55, kLen);
+                MrPtr mr = reg_mr(b.node.pd.get(), mem, kLen, kAllAccess);
+                expose_and_check(ch, b, mem, mr.get());
+                mr.reset();
+                munmap(mem, kLen);
+              });
+}
+
 // An MR keeps the pages it was registered on (as an HCA keeps them pinned);
 // a new registration of new memory at that address reaches the new memory.
 TEST(MrCache, NewMemoryUnderALiveMrIsReachedByANewRegistration) {

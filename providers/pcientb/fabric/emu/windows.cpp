@@ -412,14 +412,18 @@ enum class Said { kNo, kYes, kNotAllowed };
 
 // Whether [start, end) is exactly one mapping of the file (dev, ino), by one stat of its
 // /proc/self/map_files entry: kNotAllowed without the privilege that needs
-// (CAP_CHECKPOINT_RESTORE, or root).
+// (CAP_CHECKPOINT_RESTORE, or root), which is not asked for again once refused.
 Said map_files_says(uint64_t start, uint64_t end, dev_t dev, ino_t ino) {
+  static std::atomic<bool> refused{false};
+  if (refused.load(std::memory_order_relaxed)) return Said::kNotAllowed;
   char path[80];
   snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(start),
            static_cast<unsigned long>(end));
   struct stat st {};
   if (stat(path, &st) == 0) return st.st_dev == dev && st.st_ino == ino ? Said::kYes : Said::kNo;
-  return errno == EPERM || errno == EACCES ? Said::kNotAllowed : Said::kNo;
+  if (errno != EPERM && errno != EACCES) return Said::kNo;
+  refused.store(true, std::memory_order_relaxed);
+  return Said::kNotAllowed;
 }
 
 // The same question, answered from the mapping's line of /proc/self/maps where map_files is
@@ -450,18 +454,20 @@ bool maps_exactly(uint64_t start, uint64_t end, dev_t dev, ino_t ino) {
 // Whether [a, b) of the region at `start` is still the chunk's memory a
 // registration moved there, not memory mapped anew. The proof: the region is
 // still exactly one mapping of the chunk's memfd (one stat of its map_files
-// entry, ~4.5 us here, where allowed). Cheaper below 512 KiB (~5.5 us a MiB,
-// and every SDP zero-copy message registers its buffer on both sides): every
-// page present and shared (pagemap gives these flags to unprivileged
-// processes, frame numbers only to the admin); where pages are not present
-// (holes of the memfd: moved untouched, or never used since) the mapping is
-// looked at after all.
+// entry, ~4.5 us here, where allowed); from 512 KiB on that alone decides
+// (its "no" also catches shared memory mapped anew there, which pagemap
+// cannot tell from the chunk's). Below (the pagemap costs ~5.5 us a MiB, the
+// stat more than that of 4 KiB): every page present and shared (pagemap gives
+// these flags to unprivileged processes, frame numbers only to the admin);
+// where pages are not present (holes of the memfd: moved untouched, or never
+// used since) the mapping is looked at after all.
 bool EmuFabric::still_moved(uint64_t start, const Region &r, uint64_t a, uint64_t b) {
   constexpr uint64_t kPresent = uint64_t{1} << 63, kShared = uint64_t{1} << 61;
   constexpr uint64_t kStatFirst = 512 << 10;
-  if (b - a >= kStatFirst &&
-      map_files_says(start, start + r.len, chunk_dev_, hdr_->chunks[r.chunk].ino) == Said::kYes)
-    return true;
+  if (b - a >= kStatFirst) {
+    const Said said = map_files_says(start, start + r.len, chunk_dev_, hdr_->chunks[r.chunk].ino);
+    if (said != Said::kNotAllowed) return said == Said::kYes;
+  }
   const int pm = pagemap();
   if (pm < 0) return false;
   uint64_t entries[512];
