@@ -81,8 +81,8 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
   }
   const int64_t start = int64_t(now_ns());
   const int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
-  const int64_t spin_end = start + t_spin.ns();
-  SleepRecord record;
+  WaitSpin spin;
+  const int64_t spin_end = start + spin.ns();
   std::vector<pollfd> k;
   std::vector<nfds_t> kidx;
   for (;;) {
@@ -131,7 +131,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     if (ready) return ready;
     const int64_t now = int64_t(now_ns());
     if (deadline >= 0 && now >= deadline) {
-      record.timed_out = true;
+      spin.timed_out = true;
       return 0;
     }
     if (now < spin_end) {
@@ -141,7 +141,7 @@ int mux_poll(pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask) {
     // Sleep: counted as asleep (a wakeup another thread takes from now on kicks), arm every
     // SDP socket, look once more, then wait on the kernel. Arming unmasks the node's doorbell:
     // what the last look finds counts as a sleep too, a short one.
-    record.sleeping(spin_end);
+    spin.sleeping(spin_end);
     for (nfds_t i = 0; i < n; ++i)
       if (socks[i]) ++socks[i]->sleepers;
     const size_t kernel_n = k.size();
@@ -541,8 +541,8 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
   }
   const int64_t start = int64_t(now_ns());
   const int64_t deadline = timeout_ms < 0 ? -1 : start + int64_t(timeout_ms) * 1000000;
-  const int64_t spin_end = start + t_spin.ns();
-  SleepRecord record;
+  WaitSpin spin;
+  const int64_t spin_end = start + spin.ns();
   // Programs pass their whole set size as max (redis: 10128): the buffer is kept per thread,
   // not allocated and zeroed per call.
   static thread_local std::vector<epoll_event> k;
@@ -589,7 +589,7 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
     }
     if (n) return n;
     if (deadline >= 0 && now >= deadline) {
-      record.timed_out = true;
+      spin.timed_out = true;
       return 0;
     }
     if (now < spin_end) {
@@ -600,7 +600,7 @@ int mux_epoll_wait(int epfd, epoll_event *out, int max, int timeout_ms, const si
       continue;
     }
     // Arming unmasks the node's doorbell: what the last look finds counts as a sleep too.
-    record.sleeping(spin_end);
+    spin.sleeping(spin_end);
     ++set->sleepers;  // before the last look: a registration changed from now on wakes it
     std::vector<std::shared_ptr<Sock>> armed;
     {

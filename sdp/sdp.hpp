@@ -275,8 +275,10 @@ class SockMutex {
 using SockLock = std::unique_lock<SockMutex>;
 
 // ---- signals.cpp: blocked calls and SA_RESTART --------------------------------------------
-// Before a wait sleeps: forget the signals this thread saw.
+// Before a wait spins or sleeps: forget the signals this thread saw.
 void signal_wait_begins();
+// Whether a handler without SA_RESTART ran on this thread since (the wait ends with EINTR).
+bool signal_interrupts();
 // After the sleep ended with EINTR: whether the call goes on, as the kernel's would (every
 // handler that ran on this thread meanwhile has SA_RESTART).
 bool signal_restarts();

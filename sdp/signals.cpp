@@ -131,6 +131,10 @@ void signal_wait_begins() {
   t_interrupts = false;
 }
 
+bool signal_interrupts() {
+  return t_interrupts;
+}
+
 bool signal_restarts() {
   if (t_caught) return !t_interrupts;
   return all_caught_restart();

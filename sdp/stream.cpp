@@ -569,17 +569,20 @@ bool tx_ready(const Sock &s, uint64_t bytes) {
 }
 
 // Waits, with s.mu held through `lk` (released while sleeping), until ready() or the
-// connection breaks. Busy-polls for spin_us first (spin_ns when longer); `record`, if given,
-// learns whether the wait slept after that, and whether it timed out. Returns 0; EINTR when a
-// signal came (and the call does not restart); EAGAIN when timeout_ns (> 0) passed; EBADF when
-// another thread closed the socket meanwhile (or it went back to TCP: the caller looks at s.state).
+// connection breaks. Busy-polls first: for `spin` (which learns whether the wait then slept,
+// and whether it timed out), else for spin_us; never past the timeout. Returns 0; EINTR when
+// a signal came (and the call does not restart); EAGAIN when timeout_ns (> 0) passed; EBADF
+// when another thread closed the socket meanwhile (or it went back to TCP: the caller looks at
+// s.state).
 template <class Ready>
-int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint64_t spin_ns = 0,
-               SleepRecord *record = nullptr) {
+int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0,
+               WaitSpin *spin = nullptr) {
   if (!s.link.qp) return EBADF;
   flush(s);
+  signal_wait_begins();
   const uint64_t start = now_ns();
-  const uint64_t spin_end = start + std::max(spin_ns, uint64_t(config().spin_us) * 1000);
+  uint64_t spin_end = start + uint64_t(spin ? spin->ns() : SpinWindow::least());
+  if (timeout_ns > 0) spin_end = std::min(spin_end, start + uint64_t(timeout_ns));
   // Between looks a pause, and a yield of the CPU now and then (as epoll's spin does): a
   // yield per look was a system call that what arrived meanwhile waited for, ~1.5 us of a
   // 64-byte ping-pong's 2 us here.
@@ -597,8 +600,9 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint6
     }
     lk.lock();
     if (!s.link.qp) return EBADF;
+    if (signal_interrupts()) return EINTR;
   }
-  if (record) record->sleeping(int64_t(spin_end));
+  if (spin) spin->sleeping(int64_t(spin_end));
   // A group's CQ wakes its sleepers for every link's completions. A sleeper woken for
   // other links only sleeps unarmed for a while (64 us, doubling to 1 ms): the threads
   // using those links take this socket's completions too and kick it, and arming again
@@ -638,7 +642,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint6
       int64_t left = int64_t(start) + timeout_ns - int64_t(now_ns());
       if (left <= 0) {
         --s.sleepers;
-        if (record) record->timed_out = true;
+        if (spin) spin->timed_out = true;
         return EAGAIN;
       }
       wait_ns = std::min(wait_ns, left);
@@ -647,8 +651,11 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint6
     pollfd p[3] = {{s.link.kick_fd, POLLIN, 0},
                    {s.fd, short(s.tcp_early ? POLLRDHUP : POLLIN | POLLRDHUP), 0},
                    {s.link.channel->fd, POLLIN, 0}};
+    if (signal_interrupts()) {  // a handler ran meanwhile, outside the sleep
+      --s.sleepers;
+      return EINTR;
+    }
     lk.unlock();
-    signal_wait_begins();
     int r = real().ppoll(p, arm ? 3 : 2, &ts, nullptr);
     int err = errno;
     lk.lock();
@@ -681,8 +688,8 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0, uint6
 // send's sink copying), where a sleep just before the event costs its wake.
 template <class Ready>
 int wait_adaptive(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0) {
-  SleepRecord record;
-  return wait_until(s, lk, ready, timeout_ns, uint64_t(t_spin.ns()), &record);
+  WaitSpin spin;
+  return wait_until(s, lk, ready, timeout_ns, &spin);
 }
 
 // A cursor over an iovec array.
@@ -1452,34 +1459,39 @@ struct RecvMr {
 
 // A blocking recv with nothing to deliver: waits as wait_adaptive does, and once the spin is
 // over (data that comes within it is on its way already), offers its buffer (the part `cur`
-// points at) to the peer's sends. *placed: the bytes the peer wrote there. The offer's
-// registration is left in `keep` (the READ of a SrcAvail that came instead uses it).
+// points at) to the peer's sends. *placed: the bytes the peer wrote there. A buffer it may
+// offer is registered before the spin, in `keep`: the READ of a SrcAvail that comes instead
+// (in a zero-copy stream, usually within the spin) uses it, off its critical path (~10 us
+// for 4 MiB), and so does the offer.
 int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep) {
   auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
-  // The spin is the thread's window, which learns from this wait as from wait_adaptive's.
-  const int64_t spin = t_spin.ns();
-  SleepRecord record;
-  auto ended = [&](int e) {
-    record.timed_out = e == EAGAIN;
-    return e;
-  };
-  if (spin > 0) {
-    const bool user_first = timeout > 0 && timeout <= spin;
-    int e = wait_until(s, lk, arrived, user_first ? timeout : spin, uint64_t(spin));
-    if (e != EAGAIN || user_first) return ended(e);
-    if (timeout > 0) timeout -= spin;
-  }
-  record.sleeping(int64_t(now_ns()));
   keep.hold(nullptr);  // an earlier offer's: not through a wait of unbounded length
-  if (!sink_may_offer(s, cur, false)) return ended(wait_until(s, lk, arrived, timeout));
   // Registering moves pages on the emulated fabric: an offer of a huge buffer is cut (the
   // rest of a MSG_WAITALL receive is offered again after the first part).
   constexpr size_t kSinkMax = 8 << 20;
   const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), kSinkMax));
-  ibv_mr *mr = reg_user(cur.ptr(), len);
-  if (!mr) return ended(wait_until(s, lk, arrived, timeout));
-  ++s.stats.registrations;
+  ibv_mr *mr = sink_may_offer(s, cur, false) ? reg_user(cur.ptr(), len) : nullptr;
+  if (mr) {
+    ++s.stats.registrations;
+    keep.hold(mr);
+  }
+  // The spin is the thread's, which learns from this wait as from wait_adaptive's.
+  WaitSpin spin;
+  auto ended = [&](int e) {
+    spin.timed_out = e == EAGAIN;
+    return e;
+  };
+  if (spin.ns() > 0) {
+    const bool user_first = timeout > 0 && timeout <= spin.ns();
+    int e = wait_until(s, lk, arrived, user_first ? timeout : spin.ns(), &spin);
+    if (e != EAGAIN || user_first) return ended(e);
+    if (timeout > 0) timeout -= spin.ns();
+  }
+  if (!mr || !sink_may_offer(s, cur, false)) {
+    keep.hold(nullptr);
+    return ended(wait_until(s, lk, arrived, timeout));
+  }
   ++s.stats.sink_avails;
   const uint64_t seq = ++s.sink_made;
   __atomic_store_n(&s.link.page->sink_claim, seq, __ATOMIC_SEQ_CST);
@@ -1488,7 +1500,6 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
   send_ack(s);
   int e = ended(wait_until(s, lk, arrived, timeout));
   *placed = sink_resolve(s, lk, seq);
-  keep.hold(mr);
   return *placed ? 0 : e;
 }
 
