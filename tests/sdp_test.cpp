@@ -3412,6 +3412,31 @@ TEST(Signals, RecvEintrWithoutSaRestart) {
   signal_during_recv(false);
 }
 
+// A handler without SA_RESTART that runs while the blocked recv still busy-polls (CTest runs
+// this one with PCIENTB_SDP_SPIN_US=2000000: a spin of 2 s) ends the call with EINTR too; the
+// layer forgot it before the sleep that followed, and recv waited on for its data.
+TEST(Signals, RecvEintrWhenTheSignalComesDuringTheSpin) {
+  if (!getenv("PCIENTB_SDP_SPIN_US")) GTEST_SKIP() << "needs PCIENTB_SDP_SPIN_US (CTest sets it)";
+  with_sending_server([](Channel &ch, int fd) {
+    struct sigaction sa {
+    }, old{};
+    sa.sa_handler = [](int) {};
+    sa.sa_flags = 0;
+    sigaction(SIGUSR1, &sa, &old);
+    BlockedRecv reader(fd, 10);
+    std::this_thread::sleep_for(300ms);  // in recv's spin
+    pthread_kill(reader.thread().native_handle(), SIGUSR1);
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(reader.result(), -1) << "recv went on after the signal";
+    ch.send(uint32_t(10));  // the server sends 10 bytes (and ends a recv still waiting)
+    ch.wait();
+    reader.join();
+    EXPECT_EQ(reader.result(), -1);
+    EXPECT_EQ(reader.error(), EINTR) << strerror(reader.error());
+    sigaction(SIGUSR1, &old, nullptr);
+  });
+}
+
 // ---- 10. fallback by the switch rules ------------------------------------------------------
 
 // CTest runs this one with PCIENTB_SDP_RULES="use tcp both * *:1-65535": the connection
