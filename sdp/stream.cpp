@@ -102,6 +102,7 @@ constexpr uint32_t kImmAck = 0x80000000u;
 constexpr uint32_t kImmRewind = 0x80000000u;  // with ring bytes (never 0): a rewind before them
 constexpr uint64_t kRewindAt = 16384;         // a ring position from which a record rewinds
 constexpr uint64_t kCoalesceBytes = 16384;
+constexpr uint32_t kLargeData = 4096;  // a DATA record this large: the peer's large sends copy
 constexpr uint32_t kBurstImmediate = 4;
 constexpr uint64_t kRound = 16;
 
@@ -1275,6 +1276,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek, ibv_mr *held = n
         // header before a large payload does not count.
         const int thresh = zcopy_threshold(s);
         if (thresh > 0 && rec.len >= uint32_t(thresh)) s.peer_zcopy = false;
+        if (rec.len >= kLargeData) s.last_src_len = 0;
       }
       consumed = off == rec.len;
       if (!consumed) break;  // the caller's buffer is full
@@ -1326,6 +1328,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek, ibv_mr *held = n
         if (rec.arg <= s.skip_src_upto) {
           consumed = true;  // cancelled while reading: the answer counted this read
         } else if (off == sa.len) {
+          s.last_src_len = sa.len;
           s.zc_done = std::max(s.zc_done, rec.arg);
           s.ack_wanted = true;  // the source's send() is waiting for this
           consumed = true;
@@ -1430,13 +1433,26 @@ uint64_t sink_resolve(Sock &s, SockLock &lk, uint64_t seq) {
   }
 }
 
-// Whether a blocking recv that is about to wait offers its buffer (Write ZCopy): one offer
-// at a time per socket, and only to a peer whose large sends are blocking ones.
+// Whether a blocking recv that is about to wait may register its buffer: all it had is
+// delivered, and no offer of this socket is out.
+bool recv_may_register(const Sock &s, const IoCursor &cur, bool peek) {
+  return !peek && !cur.done() && s.link.qp && s.state == State::kSdp && !s.tx_tcp && !s.error &&
+         s.revert_at == ~0ull && s.rx_pos == s.rx_produced && !s.sink.seq;
+}
+
+// Whether it offers its buffer (Write ZCopy): one offer at a time per socket, and only to a
+// peer whose large sends are blocking ones.
 bool sink_may_offer(const Sock &s, const IoCursor &cur, bool peek) {
   const int thresh = zcopy_threshold(s);
-  return !peek && thresh > 0 && !cur.done() && cur.seg_left() >= size_t(thresh) && s.link.qp &&
-         s.state == State::kSdp && !s.tx_tcp && !s.error && s.revert_at == ~0ull &&
-         s.rx_pos == s.rx_produced && !s.sink.seq && s.peer_zcopy && link_sink_ok();
+  return recv_may_register(s, cur, peek) && thresh > 0 && cur.seg_left() >= size_t(thresh) &&
+         s.peer_zcopy && link_sink_ok();
+}
+
+// Whether it registers its buffer before it spins: to offer it, or because the peer's last
+// large send came zero copy, whose successor is then READ into it (whatever this side's own
+// threshold).
+bool recv_registers_first(const Sock &s, const IoCursor &cur, bool peek) {
+  return sink_may_offer(s, cur, peek) || (s.last_src_len && recv_may_register(s, cur, peek));
 }
 
 // The registration of a recv's buffer that its offer made: when the peer did not take the
@@ -1455,26 +1471,35 @@ struct RecvMr {
     mr = m;
   }
   ~RecvMr() { hold(nullptr); }
+  bool covers(const char *p, size_t len) const {
+    const auto *a = mr ? static_cast<const char *>(mr->addr) : nullptr;
+    return a && p >= a && p + len <= a + mr->length;
+  }
 };
 
 // A blocking recv with nothing to deliver: waits as wait_adaptive does, and once the spin is
 // over (data that comes within it is on its way already), offers its buffer (the part `cur`
-// points at) to the peer's sends. *placed: the bytes the peer wrote there. A buffer it may
-// offer is registered before the spin, in `keep`: the READ of a SrcAvail that comes instead
-// (in a zero-copy stream, usually within the spin) uses it, off its critical path (~10 us
-// for 4 MiB), and so does the offer.
+// points at) to the peer's sends. *placed: the bytes the peer wrote there. The buffer is
+// registered before the spin (recv_registers_first), in `keep`: the READ of a SrcAvail that
+// comes instead (in a zero-copy stream, usually within the spin) uses it, off its critical
+// path (~10 us for 4 MiB), and so does the offer.
 int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep) {
   auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
-  keep.hold(nullptr);  // an earlier offer's: not through a wait of unbounded length
   // Registering moves pages on the emulated fabric: an offer of a huge buffer is cut (the
   // rest of a MSG_WAITALL receive is offered again after the first part).
   constexpr size_t kSinkMax = 8 << 20;
   const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), kSinkMax));
-  ibv_mr *mr = sink_may_offer(s, cur, false) ? reg_user(cur.ptr(), len) : nullptr;
-  if (mr) {
+  ibv_mr *mr = nullptr;
+  if (!recv_registers_first(s, cur, false)) {
+    keep.hold(nullptr);  // an earlier wait's: not through a wait of unbounded length
+  } else if (keep.covers(cur.ptr(), len)) {
+    mr = keep.mr;  // an earlier wait of this call registered the buffer's rest
+  } else if ((mr = reg_user(cur.ptr(), len))) {
     ++s.stats.registrations;
     keep.hold(mr);
+  } else {
+    keep.hold(nullptr);
   }
   // The spin is the thread's, which learns from this wait as from wait_adaptive's.
   WaitSpin spin;
@@ -1592,7 +1617,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     }
     size_t placed = 0;
     int e;
-    if (sink_may_offer(s, cur, peek)) {
+    if (recv_registers_first(s, cur, peek)) {
       e = sink_wait(s, lk, cur, &placed, held);
     } else {
       held.hold(nullptr);  // not through a wait of unbounded length

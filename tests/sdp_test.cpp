@@ -3868,7 +3868,7 @@ TEST(WriteZcopy, AnOfferNotTakenIsTakenBackAndNeverWrittenLater) {
 
 // An offer the sender could not take (it sent a small message after the offer, so its
 // large one goes by Read ZCopy) lends its registration to the READ into the same buffer:
-// each registration of the receive is an offer's, none is the READ's own.
+// the receive registers its buffer once, for its offers and the READ.
 TEST(WriteZcopy, AnOfferNotTakenLendsItsRegistrationToTheReadThatFollows) {
   static constexpr size_t kLen = 1 << 20, kSmall = 1000;
   static constexpr int kRounds = 12;
@@ -3906,8 +3906,9 @@ TEST(WriteZcopy, AnOfferNotTakenLendsItsRegistrationToTheReadThatFollows) {
           const uint64_t read =
               (after.zcopy_rx - before.zcopy_rx) - (after.wzcopy_rx - before.wzcopy_rx);
           EXPECT_GE(offers, 1u) << "round " << i << ": the receive did not offer its buffer";
-          EXPECT_EQ(after.registrations - before.registrations, offers)
-              << "round " << i << ": a READ of " << read << " bytes registered the buffer again";
+          EXPECT_EQ(after.registrations - before.registrations, 1u)
+              << "round " << i << ": " << offers << " offers and a READ of " << read
+              << " bytes registered the buffer more than once";
           read_rounds += read > 0;
         }
         // The large send claims an offer only when the receiver offered the rest of its
