@@ -398,7 +398,9 @@ struct Sock : std::enable_shared_from_this<Sock> {
   // WR_COMPL): its large sends block, and a waiting recv offers its buffer (else a program
   // of small messages into a big buffer would register it at every wait).
   bool peer_zcopy = false;
-  uint32_t last_src_len = 0;  // the last SrcAvail read whole, until a large DATA record
+  // The last record with data this side took came zero copy (a SrcAvail read whole, a
+  // WR_COMPL; any DATA ends it): a receive that waits registers its buffer before it spins.
+  bool zc_last = false;
   // A receive is in a READ of the peer's buffer, its ring position in its own hands (the
   // lock released): other receives take nothing until it has stored it.
   bool rx_busy = false;

@@ -102,7 +102,6 @@ constexpr uint32_t kImmAck = 0x80000000u;
 constexpr uint32_t kImmRewind = 0x80000000u;  // with ring bytes (never 0): a rewind before them
 constexpr uint64_t kRewindAt = 16384;         // a ring position from which a record rewinds
 constexpr uint64_t kCoalesceBytes = 16384;
-constexpr uint32_t kLargeData = 4096;  // a DATA record this large: the peer's large sends copy
 constexpr uint32_t kBurstImmediate = 4;
 constexpr uint64_t kRound = 16;
 
@@ -643,6 +642,7 @@ int wait_until(Sock &s, SockLock &lk, Ready ready, int64_t timeout_ns = 0,
       int64_t left = int64_t(start) + timeout_ns - int64_t(now_ns());
       if (left <= 0) {
         --s.sleepers;
+        if (signal_interrupts()) return EINTR;  // a handler ran while it armed the CQ
         if (spin) spin->timed_out = true;
         return EAGAIN;
       }
@@ -1276,7 +1276,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek, ibv_mr *held = n
         // header before a large payload does not count.
         const int thresh = zcopy_threshold(s);
         if (thresh > 0 && rec.len >= uint32_t(thresh)) s.peer_zcopy = false;
-        if (rec.len >= kLargeData) s.last_src_len = 0;
+        s.zc_last = false;
       }
       consumed = off == rec.len;
       if (!consumed) break;  // the caller's buffer is full
@@ -1328,7 +1328,7 @@ size_t deliver(Sock &s, SockLock &lk, IoCursor &cur, bool peek, ibv_mr *held = n
         if (rec.arg <= s.skip_src_upto) {
           consumed = true;  // cancelled while reading: the answer counted this read
         } else if (off == sa.len) {
-          s.last_src_len = sa.len;
+          s.zc_last = true;
           s.zc_done = std::max(s.zc_done, rec.arg);
           s.ack_wanted = true;  // the source's send() is waiting for this
           consumed = true;
@@ -1390,6 +1390,7 @@ bool take_wr_compl(Sock &s, uint64_t seq, uint64_t *n) {
   s.rx_pos += kRound + round16(r->len);
   s.sink = {};
   s.peer_zcopy = true;
+  s.zc_last = true;
   kick_sleepers(s);  // another thread's receive waited behind this record
   s.stats.zcopy_rx += *n;
   s.stats.wzcopy_rx += *n;
@@ -1448,11 +1449,12 @@ bool sink_may_offer(const Sock &s, const IoCursor &cur, bool peek) {
          s.peer_zcopy && link_sink_ok();
 }
 
-// Whether it registers its buffer before it spins: to offer it, or because the peer's last
-// large send came zero copy, whose successor is then READ into it (whatever this side's own
-// threshold).
+// Whether it registers its buffer before it spins: in a zero-copy stream (the last data it
+// took came so), where the next SrcAvail is READ into it, or offered the buffer after the
+// spin (whatever this side's own threshold).
 bool recv_registers_first(const Sock &s, const IoCursor &cur, bool peek) {
-  return sink_may_offer(s, cur, peek) || (s.last_src_len && recv_may_register(s, cur, peek));
+  constexpr size_t kLeast = 64 << 10;  // below, a registration costs less than a spin's look
+  return s.zc_last && recv_may_register(s, cur, peek) && cur.seg_left() >= kLeast;
 }
 
 // The registration of a recv's buffer that its offer made: when the peer did not take the
@@ -1479,10 +1481,11 @@ struct RecvMr {
 
 // A blocking recv with nothing to deliver: waits as wait_adaptive does, and once the spin is
 // over (data that comes within it is on its way already), offers its buffer (the part `cur`
-// points at) to the peer's sends. *placed: the bytes the peer wrote there. The buffer is
-// registered before the spin (recv_registers_first), in `keep`: the READ of a SrcAvail that
-// comes instead (in a zero-copy stream, usually within the spin) uses it, off its critical
-// path (~10 us for 4 MiB), and so does the offer.
+// points at) to the peer's sends. *placed: the bytes the peer wrote there. The buffer's
+// registration is left in `keep`, made for the offer, or before the spin in a zero-copy
+// stream (recv_registers_first), where the READ of the SrcAvail that comes (usually within
+// the spin) uses it, off its critical path (~10 us for 4 MiB); one an earlier wait of the
+// same call made is used again.
 int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep) {
   auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
@@ -1490,17 +1493,20 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
   // rest of a MSG_WAITALL receive is offered again after the first part).
   constexpr size_t kSinkMax = 8 << 20;
   const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), kSinkMax));
-  ibv_mr *mr = nullptr;
-  if (!recv_registers_first(s, cur, false)) {
-    keep.hold(nullptr);  // an earlier wait's: not through a wait of unbounded length
-  } else if (keep.covers(cur.ptr(), len)) {
-    mr = keep.mr;  // an earlier wait of this call registered the buffer's rest
-  } else if ((mr = reg_user(cur.ptr(), len))) {
-    ++s.stats.registrations;
-    keep.hold(mr);
-  } else {
+  // One made by an earlier wait of this call that covers the buffer's rest is kept, through
+  // the spin at least.
+  auto registered = [&]() -> ibv_mr * {
+    if (keep.covers(cur.ptr(), len)) return keep.mr;
     keep.hold(nullptr);
-  }
+    ibv_mr *mr = reg_user(cur.ptr(), len);
+    if (mr) ++s.stats.registrations;
+    keep.hold(mr);
+    return mr;
+  };
+  if (recv_registers_first(s, cur, false))
+    registered();
+  else if (!keep.covers(cur.ptr(), len))
+    keep.hold(nullptr);
   // The spin is the thread's, which learns from this wait as from wait_adaptive's.
   WaitSpin spin;
   auto ended = [&](int e) {
@@ -1513,8 +1519,9 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
     if (e != EAGAIN || user_first) return ended(e);
     if (timeout > 0) timeout -= spin.ns();
   }
-  if (!mr || !sink_may_offer(s, cur, false)) {
-    keep.hold(nullptr);
+  ibv_mr *mr = sink_may_offer(s, cur, false) ? registered() : nullptr;
+  if (!mr) {
+    keep.hold(nullptr);  // not through a wait of unbounded length
     return ended(wait_until(s, lk, arrived, timeout));
   }
   ++s.stats.sink_avails;
@@ -1617,7 +1624,7 @@ ssize_t stream_recv(Sock &s, const iovec *iov, int iovcnt, int flags) {
     }
     size_t placed = 0;
     int e;
-    if (recv_registers_first(s, cur, peek)) {
+    if (sink_may_offer(s, cur, peek) || recv_registers_first(s, cur, peek)) {
       e = sink_wait(s, lk, cur, &placed, held);
     } else {
       held.hold(nullptr);  // not through a wait of unbounded length
