@@ -85,19 +85,22 @@ TEST(MrCache, MemoryRegisteredAgainIsReachedWithItsCurrentContents) {
               });
 }
 
-// free() and malloc() of large buffers do this: the old pages go, new ones
-// come at the same address. A registration must reach the new pages.
-TEST(MrCache, MemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
-  two_process([](Channel &ch) { read_then_write(ch, 0x22); },
-              [](Channel &ch) {
+// Memory registered, its registration released (cached), the memory unmapped and new memory
+// mapped at the same address (`flags`: private or shared anonymous), filled with `value` and
+// registered: the peer must reach the new memory.
+void registered_again_after_remap(int flags, uint8_t value) {
+  two_process([value](Channel &ch) { read_then_write(ch, value); },
+              [flags, value](Channel &ch) {
                 RcEnd b;
                 b.connect(ch);
                 uint8_t *mem = map_anon(kLen);
                 std::memset(mem, 0x11, kLen);
                 reg_mr(b.node.pd.get(), mem, kLen, kAllAccess).reset();
                 ASSERT_EQ(0, munmap(mem, kLen));
-                ASSERT_EQ(mem, map_anon(kLen, mem));
-                std::memset(mem, 0x22, kLen);
+                void *p = mmap(mem, kLen, PROT_READ | PROT_WRITE, flags | MAP_ANONYMOUS | MAP_FIXED,
+                               -1, 0);
+                ASSERT_EQ(p, static_cast<void *>(mem));
+                std::memset(mem, value, kLen);
                 MrPtr mr = reg_mr(b.node.pd.get(), mem, kLen, kAllAccess);
                 expose_and_check(ch, b, mem, mr.get());
                 mr.reset();
@@ -105,27 +108,17 @@ TEST(MrCache, MemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
               });
 }
 
+// free() and malloc() of large buffers do this: the old pages go, new ones
+// come at the same address. A registration must reach the new pages.
+TEST(MrCache, MemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
+  registered_again_after_remap(MAP_PRIVATE, 0x22);
+}
+
 // Shared memory mapped there instead: its pages are present and shared like the chunk's
 // that the old registration moved there (pagemap cannot tell them apart), and a
 // registration must still reach them.
 TEST(MrCache, SharedMemoryMappedAnewWhereAnMrWasIsReachedNotTheOldPages) {
-  two_process([](Channel &ch) { read_then_write(ch, 0x55); },
-              [](Channel &ch) {
-                RcEnd b;
-                b.connect(ch);
-                uint8_t *mem = map_anon(kLen);
-                std::memset(mem, 0x11, kLen);
-                reg_mr(b.node.pd.get(), mem, kLen, kAllAccess).reset();
-                ASSERT_EQ(0, munmap(mem, kLen));
-                void *p = mmap(mem, kLen, PROT_READ | PROT_WRITE,
-                               MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-                ASSERT_EQ(p, static_cast<void *>(mem));
-                std::memset(mem, 0x55, kLen);
-                MrPtr mr = reg_mr(b.node.pd.get(), mem, kLen, kAllAccess);
-                expose_and_check(ch, b, mem, mr.get());
-                mr.reset();
-                munmap(mem, kLen);
-              });
+  registered_again_after_remap(MAP_SHARED, 0x55);
 }
 
 // An MR keeps the pages it was registered on (as an HCA keeps them pinned);

@@ -826,6 +826,17 @@ TEST(Stream, AfterARewindTheWholeRingIsCreditAgain) {
 }
 
 // The times thread `tid` of this process went to sleep.
+// `n` one-byte messages, `gap` apart (busy-waiting: a sleep's wake is late by more than that).
+void send_paced(int fd, int n, std::chrono::microseconds gap) {
+  auto next = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    next += gap;
+    while (Clock::now() < next) {
+    }
+    send_all(fd, "x", 1);
+  }
+}
+
 uint64_t sleeps_of(pid_t tid) {
   std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
   std::string line;
@@ -898,13 +909,7 @@ TEST(Stream, ABlockingReceiveSpinsThroughShortGapsAndLittleWhenIdle) {
       [&](Channel &ch) {
         int fd = client_conn(ch);
         ch.wait();
-        auto next = Clock::now();
-        for (int i = 0; i < kMessages; ++i) {
-          next += kGap;
-          while (Clock::now() < next) {
-          }
-          send_all(fd, "x", 1);
-        }
+        send_paced(fd, kMessages, kGap);
         ch.wait();
         close(fd);
       },
@@ -1531,13 +1536,7 @@ TEST(Epoll, AnEventLoopSpinsThroughShortGapsAndLittleWhenIdle) {
         int fd = client_conn(ch);
         for (int round = 0; round < 2; ++round) {
           ch.wait();
-          auto next = Clock::now();
-          for (int i = 0; i < kMessages; ++i) {
-            next += kGap;
-            while (Clock::now() < next) {
-            }
-            send_all(fd, "x", 1);
-          }
+          send_paced(fd, kMessages, kGap);
         }
         ch.wait();
         close(fd);
