@@ -1450,10 +1450,9 @@ bool sink_may_offer(const Sock &s, const IoCursor &cur, bool peek) {
 }
 
 // Whether it registers its buffer before it spins: in a zero-copy stream (the last data it
-// took came so), where the next SrcAvail is READ into it, or offered the buffer after the
-// spin (whatever this side's own threshold).
+// took came so), the next SrcAvail is READ into it, whatever this side's own threshold.
 bool recv_registers_first(const Sock &s, const IoCursor &cur, bool peek) {
-  constexpr size_t kLeast = 64 << 10;  // below, a registration costs less than a spin's look
+  constexpr size_t kLeast = 64 << 10;  // smaller: the READ's own registration costs ~3 us
   return s.zc_last && recv_may_register(s, cur, peek) && cur.seg_left() >= kLeast;
 }
 
@@ -1485,7 +1484,8 @@ struct RecvMr {
 // registration is left in `keep`, made for the offer, or before the spin in a zero-copy
 // stream (recv_registers_first), where the READ of the SrcAvail that comes (usually within
 // the spin) uses it, off its critical path (~10 us for 4 MiB); one an earlier wait of the
-// same call made is used again.
+// same call made is used again (by an offer only where it begins at the offered bytes: the
+// peer's key reaches no byte this call already took).
 int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep) {
   auto arrived = [&] { return s.rx_pos < s.rx_produced || s.rd_shut || s.peer_fin; };
   int64_t timeout = s.rcv_timeo_ns;
@@ -1495,8 +1495,8 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
   const uint32_t len = uint32_t(std::min<size_t>(cur.seg_left(), kSinkMax));
   // One made by an earlier wait of this call that covers the buffer's rest is kept, through
   // the spin at least.
-  auto registered = [&]() -> ibv_mr * {
-    if (keep.covers(cur.ptr(), len)) return keep.mr;
+  auto registered = [&](bool to_offer) -> ibv_mr * {
+    if (keep.covers(cur.ptr(), len) && (!to_offer || keep.mr->addr == cur.ptr())) return keep.mr;
     keep.hold(nullptr);
     ibv_mr *mr = reg_user(cur.ptr(), len);
     if (mr) ++s.stats.registrations;
@@ -1504,7 +1504,7 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
     return mr;
   };
   if (recv_registers_first(s, cur, false))
-    registered();
+    registered(false);
   else if (!keep.covers(cur.ptr(), len))
     keep.hold(nullptr);
   // The spin is the thread's, which learns from this wait as from wait_adaptive's.
@@ -1519,7 +1519,7 @@ int sink_wait(Sock &s, SockLock &lk, IoCursor &cur, size_t *placed, RecvMr &keep
     if (e != EAGAIN || user_first) return ended(e);
     if (timeout > 0) timeout -= spin.ns();
   }
-  ibv_mr *mr = sink_may_offer(s, cur, false) ? registered() : nullptr;
+  ibv_mr *mr = sink_may_offer(s, cur, false) ? registered(true) : nullptr;
   if (!mr) {
     keep.hold(nullptr);  // not through a wait of unbounded length
     return ended(wait_until(s, lk, arrived, timeout));
